@@ -1,0 +1,46 @@
+"""``pdpair-agent``: the agent's command line. A thin dispatcher; each command group lives in its own
+module that exposes ``register(subparsers)`` and keeps heavy imports inside its handlers, so
+``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from .errors import PDPairError
+
+COMMAND_MODULES = (
+    "dataplane.commands.run",
+    "dataplane.commands.demo",
+    "dataplane.commands.bench",
+    "dataplane.commands.wire",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdpair-agent",
+        description="PDPair data-plane agent: moves per-component hybrid-model state from prefill to decode.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except PDPairError as exc:
+        print(f"pdpair-agent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

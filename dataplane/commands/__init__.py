@@ -1,0 +1,1 @@
+"""Command groups of ``pdpair-agent``; each module exposes ``register(subparsers)``."""

@@ -1,0 +1,150 @@
+"""The agent's settings: one typed object, parsed once at the edge (CLI / mounted config file).
+
+The operator renders exactly this document (YAML or JSON) into the pod's ConfigMap, so the operator
+imports this module too: it must stay free of numpy, torch and the engines. Library code receives an
+``AgentConfig`` and never reads environment variables itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from .errors import BadInput
+
+Role = Literal["prefill", "decode"]
+Backend = Literal["nixl", "mori"]
+FORMAT_VERSION = 1
+
+
+class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    pass
+
+
+class ComponentConfig(_Base):
+    """An explicit state component (when no model profile names the layout)."""
+
+    name: str
+    state_type: str
+    item_lens: list[int]
+    num_items: int
+    tp_dims: list[int] = []
+    layer_ids: list[int] = []
+    dtype: str = "bfloat16"
+
+
+class ModelConfig(_Base):
+    name: str = "synthetic"
+    profile: str | None = "qwen3-next"
+    """A built-in model profile (``dataplane.schema.profiles``); None means ``components`` is explicit."""
+    page_size: int = 64
+    dtype: str = "bfloat16"
+    pool_pages: int = 1024
+    """KV pages (and paged-state pages) each rank allocates."""
+    max_requests: int = 64
+    """Slots for per-request state (mamba, aux)."""
+    kv_item_len: int | None = None
+    """Explicit-components mode only: bytes of one KV page of one buffer."""
+    kv_layers: int = 0
+    components: list[ComponentConfig] = []
+
+
+class RoleConfig(_Base):
+    replicas: int = 1
+    tp_size: int = 1
+
+
+class MoriConfig(_Base):
+    rdma_devices: list[str] = []
+    qp_per_transfer: int = 1
+    post_batch_size: int = -1
+    num_worker_threads: int = 1
+    poll_cq_mode: Literal["polling", "event"] = "polling"
+
+
+class NixlConfig(_Base):
+    backends: tuple[str, ...] = ("UCX",)
+    ucx_tls: str | None = None
+    """Value for UCX_TLS (e.g. ``tcp``); None keeps UCX's default (CMA / shared memory on one host)."""
+
+
+class TransferConfig(_Base):
+    backend: Backend = "nixl"
+    timeout_seconds: float = 30.0
+    heartbeat_interval_seconds: float = 1.0
+    heartbeat_misses: int = 5
+    device: Literal["cpu", "cuda"] = "cpu"
+    gpu_id: int = 0
+    mori: MoriConfig = MoriConfig()
+    nixl: NixlConfig = NixlConfig()
+
+
+class ListenConfig(_Base):
+    host: str = "127.0.0.1"
+    """Address every listener binds (the pod IP in a pod; never 0.0.0.0 by default)."""
+    bootstrap_port: int = 8998
+    control_port: int = 0
+    """ZMQ control socket; 0 picks a free port (advertised through the bootstrap endpoint)."""
+    metrics_port: int = 9400
+
+
+class PeerConfig(_Base):
+    bootstrap_host: str = "127.0.0.1"
+    """Decode only: the prefill bootstrap address (the bootstrap Service in a cluster)."""
+    bootstrap_port: int = 8998
+
+
+class IdentityConfig(_Base):
+    namespace: str = ""
+    pdpair: str = ""
+    generation: str = ""
+    """Spec generation hash: agents pair only with peers of the same generation."""
+    pod_name: str = ""
+
+
+class AgentConfig(_Base):
+    format_version: int = FORMAT_VERSION
+    role: Role = "prefill"
+    tp_rank: int = 0
+    model: ModelConfig = ModelConfig()
+    prefill: RoleConfig = RoleConfig()
+    decode: RoleConfig = RoleConfig()
+    transfer: TransferConfig = TransferConfig()
+    listen: ListenConfig = ListenConfig()
+    peer: PeerConfig = PeerConfig()
+    identity: IdentityConfig = IdentityConfig()
+
+    @property
+    def tp_size(self) -> int:
+        return self.prefill.tp_size if self.role == "prefill" else self.decode.tp_size
+
+
+def parse_config(data: bytes | str, *, source: str = "<config>") -> AgentConfig:
+    """Parse YAML or JSON into an ``AgentConfig``; errors name the field and the source."""
+    try:
+        if isinstance(data, str):
+            data = data.encode()
+        text = data.lstrip()
+        if text.startswith(b"{"):
+            cfg = msgspec.json.decode(data, type=AgentConfig)
+        else:
+            cfg = msgspec.yaml.decode(data, type=AgentConfig)
+    except msgspec.ValidationError as exc:
+        raise BadInput(f"{source}: invalid agent config: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise BadInput(f"{source}: not valid YAML/JSON: {exc}") from exc
+    if cfg.format_version != FORMAT_VERSION:
+        raise BadInput(f"{source}: config formatVersion {cfg.format_version}, this agent reads {FORMAT_VERSION}")
+    return cfg
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    p = Path(path)
+    return parse_config(p.read_bytes(), source=str(p))
+
+
+def dump_config(cfg: AgentConfig) -> bytes:
+    """YAML, as the operator writes it into the ConfigMap."""
+    return msgspec.yaml.encode(cfg)
