@@ -1,0 +1,105 @@
+"""The per-room transfer-metadata message (decode → prefill), byte-compatible with sglang 0.5.23 MoRI
+(``MoriKVReceiver.send_metadata`` / ``TransferInfo.from_zmq``).
+
+Frames: 0 guard, 1 room, 2 ip, 3 rank_port, 4 engine_key, 5 KV page indices (raw ``<i4``), 6 aux index
+(ASCII, or empty for none), 7 ``pack_int_lists(state_indices, "i")`` (empty when there is no state),
+8 required_dst_info_num, 9 decode_prefix_len (ASCII, empty unless > 0).
+
+A *dummy* message (a decode rank that needs nothing from this prefill rank) blanks frames 5-7;
+``is_dummy`` is not on the wire: like sglang, the decoder derives it as "no KV pages, no aux index and
+no decode prefix". With ``legacy_flat_state=True`` (a peer whose registration used the old flat layout)
+frame 7 is read as one raw ``<i4`` array, i.e. a single component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import WireFormatError
+from .frames import GUARD, check_frames, int_frame, parse_int, parse_str, str_frame
+from .ints import pack_array, pack_int_lists, unpack_array, unpack_int_lists
+
+MIN_METADATA_FRAMES = 7
+"""sglang requires frames up to the aux index; later ones default."""
+I32_MAX = 2**31 - 1
+
+IndexArray = npt.NDArray[np.int32]
+
+
+class TransferMetadata(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """sglang's ``TransferInfo``. Index arrays are numpy int32; ``dst_aux_index`` -1 means none.
+    Holding arrays, messages compare by identity: compare fields."""
+
+    room: int
+    endpoint: str
+    dst_port: int
+    engine_key: str
+    dst_kv_indices: IndexArray
+    dst_aux_index: int = -1
+    dst_state_indices: tuple[IndexArray, ...] = ()
+    """One array per component; sglang's ``None`` entries travel (and come back) as empty arrays."""
+    required_dst_info_num: int = 1
+    is_dummy: bool = False
+    decode_prefix_len: int | None = None
+
+
+def _state_frame(state: Sequence[Any | None]) -> bytes:
+    lists = [np.empty(0, dtype=np.int32) if s is None else np.asarray(s).ravel() for s in state]
+    return pack_int_lists(lists, "i", what="dst_state_indices")
+
+
+def encode_metadata(msg: TransferMetadata) -> list[bytes]:
+    """Frames as sglang 0.5.23's ``send_metadata`` builds them (dummy blanks KV, aux and state)."""
+    dummy = msg.is_dummy
+    aux = msg.dst_aux_index
+    if not isinstance(aux, int) or isinstance(aux, bool) or aux < -1:
+        raise WireFormatError(f"dst_aux_index: {aux!r} is not an index or -1")
+    prefix = msg.decode_prefix_len
+    return [
+        GUARD,
+        int_frame(msg.room, field="room"),
+        str_frame(msg.endpoint, field="endpoint"),
+        int_frame(msg.dst_port, field="dst_port", hi=65535),
+        str_frame(msg.engine_key, field="engine_key"),
+        b"" if dummy else pack_array(msg.dst_kv_indices, "i", what="dst_kv_indices"),
+        b"" if dummy or aux < 0 else int_frame(aux, field="dst_aux_index", hi=I32_MAX),
+        b"" if dummy else _state_frame(msg.dst_state_indices),
+        int_frame(msg.required_dst_info_num, field="required_dst_info_num", lo=1, hi=I32_MAX),
+        b"" if not prefix else int_frame(prefix, field="decode_prefix_len"),
+    ]
+
+
+def _state(frame: bytes, *, legacy_flat_state: bool) -> tuple[IndexArray, ...]:
+    if legacy_flat_state:
+        flat = unpack_array(frame, "i", what="dst_state_indices (old flat layout)")
+        return (flat,) if flat.size else ()
+    return tuple(unpack_int_lists(frame, "i", what="dst_state_indices"))
+
+
+def decode_metadata(frames: Sequence[bytes], *, legacy_flat_state: bool = False) -> TransferMetadata:
+    """Parse untrusted frames; raises ``WireFormatError`` only."""
+    f = check_frames(frames, kind="metadata", min_frames=MIN_METADATA_FRAMES)
+    if f[1] == b"None":
+        raise WireFormatError("metadata: frame 1 is b'None', which marks a registration message")
+    kv = unpack_array(f[5], "i", what="dst_kv_indices")
+    aux = parse_int(f[6], field="dst_aux_index", hi=I32_MAX) if f[6] else -1
+    prefix = parse_int(f[9], field="decode_prefix_len") if len(f) > 9 and f[9] else None
+    return TransferMetadata(
+        room=parse_int(f[1], field="room"),
+        endpoint=parse_str(f[2], field="endpoint"),
+        dst_port=parse_int(f[3], field="dst_port", hi=65535),
+        engine_key=parse_str(f[4], field="engine_key"),
+        dst_kv_indices=kv,
+        dst_aux_index=aux,
+        dst_state_indices=_state(f[7] if len(f) > 7 else b"", legacy_flat_state=legacy_flat_state),
+        required_dst_info_num=(
+            parse_int(f[8], field="required_dst_info_num", lo=1, hi=I32_MAX) if len(f) > 8 else 1
+        ),
+        is_dummy=kv.size == 0 and aux < 0 and not prefix,
+        decode_prefix_len=prefix,
+    )
