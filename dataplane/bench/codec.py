@@ -1,0 +1,330 @@
+"""``bench codec``: our codec + planner against sglang 0.5.23's own helpers, on the same inputs.
+
+Scenario (DESIGN §8): a Qwen3-Next-like request — 32K tokens at page 64 → 512 KV pages fragmented into
+runs of 1-16 pages, 48 layers of which every 4th is full attention (24 KV buffers) and the other 36 are
+Gated DeltaNet (72 mamba tensors), one aux slot, one mamba slot. Each scenario times ours and sglang's
+on identical inputs in the same process, best of three batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from .. import codec
+from ..planner import PeerLayout, RequestIndices, contiguous_runs, plan_request, slice_byte_blocks
+from ..schema import RoleSchema
+from ..schema.profiles import profile
+from . import sglang_ref
+
+PAGES, ROOM, SLOT = 512, 4242, 17
+
+
+@dataclass(frozen=True)
+class Result:
+    scenario: str
+    ours_per_s: float
+    sglang_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_per_s / self.sglang_per_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "ours_per_s": round(self.ours_per_s, 1),
+            "sglang_per_s": round(self.sglang_per_s, 1),
+            "ratio": round(self.ratio, 2),
+        }
+
+
+def fragmented_pages(rng: np.random.Generator, n: int, pool: int) -> np.ndarray:
+    """``n`` distinct page ids in runs of 1-16 consecutive pages, runs in random order."""
+    lengths: list[int] = []
+    while sum(lengths) < n:
+        lengths.append(min(int(rng.integers(1, 17)), n - sum(lengths)))
+    starts = rng.choice(np.arange(0, pool - 16, 17), size=len(lengths), replace=False)
+    return np.concatenate([np.arange(s, s + k) for s, k in zip(starts, lengths, strict=True)]).astype(
+        np.int32
+    )
+
+
+def rate(fn: Callable[[], object], iterations: int, budget_s: float = 0.3) -> float:
+    """Calls per second: best of three batches of at most ``iterations`` calls (fewer for slow calls,
+    so a batch takes about ``budget_s``), after one warm-up call."""
+    start = time.perf_counter()
+    fn()
+    n = max(1, min(iterations, int(budget_s / max(time.perf_counter() - start, 1e-9))))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, time.perf_counter() - start)
+    return n / best
+
+
+@dataclass
+class Inputs:
+    """The shared inputs, and sglang's view of the same (its ``self`` objects are plain namespaces)."""
+
+    local: RoleSchema
+    peer_schema: RoleSchema
+    src_kv: np.ndarray
+    dst_kv: np.ndarray
+
+    @property
+    def peer(self) -> PeerLayout:
+        return PeerLayout.from_schema(self.peer_schema)
+
+    def request(self) -> RequestIndices:
+        return RequestIndices(
+            self.src_kv, self.dst_kv, 3, 5, [np.array([SLOT], np.int32)], [np.array([SLOT + 1], np.int32)]
+        )
+
+    def metadata(self) -> codec.TransferMetadata:
+        return codec.TransferMetadata(
+            room=ROOM,
+            endpoint="127.0.0.1",
+            dst_port=36001,
+            engine_key="decode-0",
+            dst_kv_indices=self.dst_kv,
+            dst_aux_index=5,
+            dst_state_indices=(np.array([SLOT + 1], np.int32),),
+        )
+
+    def registration(self) -> codec.Registration:
+        s = self.peer_schema
+        blob = b"\x9f" + b"\x00" * 180
+        return codec.Registration(
+            endpoint="127.0.0.1",
+            dst_port=36001,
+            engine_desc=b"\x96\xa8decode-0" + b"\x00" * 40,
+            dst_kv_mem_descs=(blob,) * len(s.kv.layer_ids),
+            dst_aux_mem_descs=(blob,),
+            dst_state_mem_descs=tuple((blob,) * len(c.tensors) for c in s.components),
+            decode_tp_size=s.tp_size,
+            decode_tp_rank=s.tp_rank,
+            dst_kv_item_len=s.kv.item_len,
+            dst_state_item_lens=tuple(tuple(x) for x in s.state_item_lens),
+            dst_state_dim_per_tensor=tuple(tuple(x) for x in s.state_dim_per_tensor),
+            dst_state_layer_ids=tuple(tuple(x) for x in s.state_layer_ids),
+            dst_kv_layer_ids=s.kv.layer_ids,
+        )
+
+    def sglang_receiver(self, ref: ModuleType) -> SimpleNamespace:
+        reg, s = self.registration(), self.peer_schema
+        kv_args = SimpleNamespace(
+            gpu_id=0,
+            engine_rank=s.tp_rank,
+            kv_item_lens=[s.kv.item_len],
+            state_item_lens=s.state_item_lens,
+            state_dim_per_tensor=s.state_dim_per_tensor,
+            state_layer_ids=s.state_layer_ids,
+            kv_layer_ids=list(s.kv.layer_ids),
+        )
+        desc = ref.OpaqueDesc
+        return SimpleNamespace(
+            engine_desc=desc(reg.engine_desc, "decode-0"),
+            kv_mem_descs=[desc(b) for b in reg.dst_kv_mem_descs],
+            aux_mem_descs=[desc(b) for b in reg.dst_aux_mem_descs],
+            state_mem_descs=[[desc(b) for b in c] for c in reg.dst_state_mem_descs],
+            kv_args=kv_args,
+            attn_tp_size=s.tp_size,
+            dcp_size=1,
+            dcp_rank=0,
+            local_ip="127.0.0.1",
+            rank_port=36001,
+        )
+
+
+def make_inputs(decode_tp: int = 1, decode_rank: int = 0) -> Inputs:
+    rng = np.random.default_rng(2350)
+    qwen = profile("qwen3-next")
+    local = qwen.schema(pool_pages=4096, max_requests=64)
+    peer = qwen.schema(tp_size=decode_tp, tp_rank=decode_rank, pool_pages=4096, max_requests=64)
+    return Inputs(local, peer, fragmented_pages(rng, PAGES, 4096), fragmented_pages(rng, PAGES, 4096))
+
+
+def sglang_plan(ref: ModuleType, inp: Inputs) -> list[Any]:
+    """What sglang's MoRI sender computes per request with equal TP (KV plan reused for every layer)."""
+    kv_plan = ref.GroupedIndexPlan.from_groups(*ref.group_concurrent_contiguous(inp.src_kv, inp.dst_kv))
+    out = [kv_plan.materialize(inp.local.kv.item_len)]
+    out += [([3 * n], [5 * n], [n]) for n in inp.local.aux.item_lens]
+    lens, ids = inp.local.state_item_lens[0], inp.local.state_layer_ids[0]
+    for i, _ in ref.build_transfer_entry_pairs(ids, inp.peer_schema.state_layer_ids[0], len(lens), len(lens)):
+        out.append([(SLOT * lens[i], (SLOT + 1) * lens[i], lens[i])])
+    return out
+
+
+def sglang_plan_tp(ref: ModuleType, inp: Inputs) -> list[Any]:
+    """The same with decode TP 2: KV head slices per token, mamba slice blocks per tensor."""
+    kv, peer = inp.local.kv, inp.peer_schema
+    half = kv.item_len // 2 // kv.page_size
+    cfg = ref.TPSliceConfig(
+        kv.page_size,
+        kv.item_len,
+        peer.kv.item_len,
+        kv.item_len // kv.page_size,
+        peer.kv.item_len // kv.page_size,
+        peer.tp_rank * half,
+        0,
+        half,
+    )
+    out = [ref._build_tp_slice_transfer_plan(None, inp.src_kv, inp.dst_kv, cfg)]
+    comp, pcomp = inp.local.components[0], peer.components[0]
+    for i, j in ref.build_transfer_entry_pairs(
+        inp.local.state_layer_ids[0], peer.state_layer_ids[0], len(comp.tensors), len(pcomp.tensors)
+    ):
+        t, pt = comp.tensors[i], pcomp.tensors[j]
+        out.append(
+            ref.compute_mamba_state_slice_byte_blocks(
+                src_item_len=t.item_len,
+                dst_item_len=pt.item_len,
+                src_dim=t.tp_dim,
+                dst_dim=pt.tp_dim,
+                outer_count=1,
+                src_attn_tp_size=1,
+                dst_attn_tp_size=peer.tp_size,
+                dst_tp_rank_in_group=peer.tp_rank,
+                local_tp_rank_in_group=0,
+                conv_shard_groups=list(t.conv_shard_groups) or None,
+            )
+        )
+    return out
+
+
+def scenarios(ref: ModuleType) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
+    """name → (ours, sglang's), each a zero-argument call on prepared inputs."""
+    same, tp2 = make_inputs(), make_inputs(decode_tp=2, decode_rank=1)
+    peer, peer2, req = same.peer, tp2.peer, same.request()
+    meta, recv = same.metadata(), same.sglang_receiver(ref)
+    reg, recv_meta = (
+        same.registration(),
+        dict(
+            bootstrap_room=ROOM,
+            required_dst_info_num=1,
+            kv_indices=same.dst_kv,
+            aux_index=5,
+            state_indices=[[SLOT + 1]],
+            decode_prefix_len=None,
+            is_dummy=False,
+        ),
+    )
+    item_lens = same.peer_schema.state_item_lens
+    conv = same.local.components[0].tensors[0]
+    slice_args = dict(
+        src_item_len=conv.item_len,
+        dst_item_len=conv.item_len // 2,
+        src_dim=conv.tp_dim,
+        dst_dim=conv.tp_dim // 2,
+        outer_count=1,
+    )
+    groups = list(conv.conv_shard_groups)
+
+    def ours_request() -> object:
+        m = codec.decode_metadata(codec.encode_metadata(meta))
+        return plan_request(
+            same.local,
+            peer,
+            RequestIndices(
+                same.src_kv, m.dst_kv_indices, 3, m.dst_aux_index, req.src_state, list(m.dst_state_indices)
+            ),
+        )
+
+    def sglang_request() -> object:
+        ref.TransferInfo.from_zmq(ref.build_receiver_metadata_message(recv, **recv_meta)[1:])
+        return sglang_plan(ref, same)
+
+    return {
+        "pack_int_lists (72 state item lens)": (
+            lambda: codec.pack_int_lists(item_lens, "I"),
+            lambda: ref.pack_int_lists(item_lens, "I"),
+        ),
+        "state indices frame ([[slot]])": (
+            lambda: codec.pack_int_lists([[SLOT]], "i"),
+            lambda: ref._pack_state_indices([np.array([SLOT], np.int32)]),
+        ),
+        "group_concurrent_contiguous (512 pages)": (
+            lambda: contiguous_runs(same.src_kv, same.dst_kv),
+            lambda: ref.group_concurrent_contiguous(same.src_kv, same.dst_kv),
+        ),
+        "mamba slice blocks (conv, TP1->2)": (
+            lambda: slice_byte_blocks(
+                **slice_args, src_tp=1, dst_tp=2, dst_rank=1, local_rank=0, conv_shard_groups=groups
+            ),
+            lambda: ref.compute_mamba_state_slice_byte_blocks(
+                **slice_args,
+                src_attn_tp_size=1,
+                dst_attn_tp_size=2,
+                dst_tp_rank_in_group=1,
+                local_tp_rank_in_group=0,
+                conv_shard_groups=groups,
+            ),
+        ),
+        "registration message (encode+decode)": (
+            lambda: codec.decode_registration(codec.encode_registration(reg)),
+            lambda: ref.KVArgsRegisterInfo.from_zmq(ref.build_receiver_registration_message(recv)[1:]),
+        ),
+        "metadata message (encode+decode)": (
+            lambda: codec.decode_metadata(codec.encode_metadata(meta)),
+            lambda: ref.TransferInfo.from_zmq(ref.build_receiver_metadata_message(recv, **recv_meta)[1:]),
+        ),
+        "plan request (equal TP)": (
+            lambda: plan_request(same.local, peer, req),
+            lambda: sglang_plan(ref, same),
+        ),
+        "plan request (TP1->2, decode rank 1)": (
+            lambda: plan_request(tp2.local, peer2, tp2.request()),
+            lambda: sglang_plan_tp(ref, tp2),
+        ),
+        "request: metadata encode+decode + plan": (ours_request, sglang_request),
+    }
+
+
+def run(iterations: int = 2000, cache_dir: Path = sglang_ref.DEFAULT_CACHE) -> list[Result]:
+    ref = sglang_ref.load(cache_dir)
+    return [
+        Result(name, rate(ours, iterations), rate(theirs, iterations))
+        for name, (ours, theirs) in scenarios(ref).items()
+    ]
+
+
+def header() -> str:
+    versions = ", ".join(f"{p} {_version(p)}" for p in ("pdpair", "numpy", "msgspec"))
+    return (
+        f"machine: {platform.platform()}, {os.cpu_count()} CPUs "
+        f"({platform.processor() or platform.machine()})\n"
+        f"python {sys.version.split()[0]}, {versions}; reference: sglang {sglang_ref.SGLANG_VERSION} helpers"
+    )
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def render(results: list[Result], as_json: bool) -> str:
+    if as_json:
+        return json.dumps([r.as_dict() for r in results], indent=2)
+    width = max(len(r.scenario) for r in results)
+    lines = [header(), "", f"{'scenario':<{width}}  {'ours/s':>12}  {'sglang/s':>12}  {'ratio':>7}"]
+    lines += [
+        f"{r.scenario:<{width}}  {r.ours_per_s:>12,.0f}  {r.sglang_per_s:>12,.0f}  {r.ratio:>6.1f}x"
+        for r in results
+    ]
+    return "\n".join(lines)

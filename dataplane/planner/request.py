@@ -1,0 +1,75 @@
+"""``plan_request``: one request's KV, aux and state components → one ``WritePlan``.
+
+Request-independent work (pairing buffers by layer, item-length and TP checks, slice blocks) is done
+once per (local schema, peer layout) and cached by identity; ``pairing_for`` exposes it so the agent
+can hold one per peer. Writes stay inside both sides' registered regions by construction: ``Pairing``
+checks every block against its item once, and each request's indices are checked against the item
+counts (see ``TensorGroup``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import PlanError
+from ..schema import RoleSchema
+from .layout import PeerLayout, RequestIndices
+from .pairing import Pairing
+from .plan import WritePlan
+from .rules import plan_group
+
+__all__ = ["pairing_for", "plan_request"]
+
+_CACHE: dict[tuple[int, int], Pairing] = {}
+_CACHE_LIMIT = 64
+
+
+def pairing_for(local: RoleSchema, peer: PeerLayout) -> Pairing:
+    """The prepared ``Pairing`` for this (schema, layout) pair, built on first use."""
+    key = (id(local), id(peer))
+    found = _CACHE.get(key)
+    if found is None or found.local is not local or found.peer is not peer:
+        if len(_CACHE) >= _CACHE_LIMIT:
+            _CACHE.clear()
+        found = _CACHE[key] = Pairing.build(local, peer)
+    return found
+
+
+def plan_request(
+    local: RoleSchema, peer: PeerLayout, req: RequestIndices, *, pairing: Pairing | None = None
+) -> WritePlan:
+    """Every write that moves this request's state from this (prefill) rank to ``peer``.
+
+    Components with no index on either side are skipped (as sglang does); an all-empty request gives
+    an empty plan, which the caller completes at once.
+    """
+    pr = pairing or pairing_for(local, peer)
+    parts = [plan_group(pr.kv, req.src_kv, req.dst_kv)] if req.src_kv.size or req.dst_kv.size else []
+    if (req.src_aux is None) != (req.dst_aux is None):
+        raise PlanError(f"aux: index given on one side only (prefill {req.src_aux}, decode {req.dst_aux})")
+    if req.src_aux is not None and req.dst_aux is not None:
+        parts.append(plan_group(pr.aux, _one(req.src_aux), _one(req.dst_aux)))
+    src_state, dst_state = _states(req.src_state, pr, "prefill"), _states(req.dst_state, pr, "decode")
+    for group, src, dst in zip(pr.components, src_state, dst_state, strict=True):
+        if src is not None and dst is not None and src.size and dst.size:
+            parts.append(plan_group(group, src, dst))
+    return WritePlan.concat(parts)
+
+
+def _one(index: int) -> npt.NDArray[np.int32]:
+    if not -(2**31) <= index < 2**31:
+        raise PlanError(f"aux index {index} does not fit in int32")
+    return np.array([index], dtype=np.int32)
+
+
+def _states(
+    entries: Sequence[npt.NDArray[np.int32] | None] | None, pr: Pairing, side: str
+) -> list[npt.NDArray[np.int32] | None]:
+    n = len(pr.components)
+    entries = entries or []
+    if len(entries) > n:
+        raise PlanError(f"{side} sent state indices for {len(entries)} components; the schema has {n}")
+    return [*entries, *([None] * (n - len(entries)))]
