@@ -23,7 +23,7 @@ class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="cam
     pass
 
 
-class ComponentConfig(_Base):
+class ComponentConfig(_Base, frozen=True):
     """An explicit state component (when no model profile names the layout)."""
 
     name: str
@@ -35,7 +35,7 @@ class ComponentConfig(_Base):
     dtype: str = "bfloat16"
 
 
-class ModelConfig(_Base):
+class ModelConfig(_Base, frozen=True):
     name: str = "synthetic"
     profile: str | None = "qwen3-next"
     """A built-in model profile (``dataplane.schema.profiles``); None means ``components`` is explicit."""
@@ -51,12 +51,12 @@ class ModelConfig(_Base):
     components: list[ComponentConfig] = []
 
 
-class RoleConfig(_Base):
+class RoleConfig(_Base, frozen=True):
     replicas: int = 1
     tp_size: int = 1
 
 
-class MoriConfig(_Base):
+class MoriConfig(_Base, frozen=True):
     rdma_devices: list[str] = []
     qp_per_transfer: int = 1
     post_batch_size: int = -1
@@ -64,13 +64,15 @@ class MoriConfig(_Base):
     poll_cq_mode: Literal["polling", "event"] = "polling"
 
 
-class NixlConfig(_Base):
+class NixlConfig(_Base, frozen=True):
     backends: tuple[str, ...] = ("UCX",)
     ucx_tls: str | None = None
     """Value for UCX_TLS (e.g. ``tcp``); None keeps UCX's default (CMA / shared memory on one host)."""
+    ucx_net_devices: str | None = None
+    """Value for UCX_NET_DEVICES (``lo`` pins UCX to loopback); None keeps UCX's default."""
 
 
-class TransferConfig(_Base):
+class TransferConfig(_Base, frozen=True):
     backend: Backend = "nixl"
     timeout_seconds: float = 30.0
     heartbeat_interval_seconds: float = 1.0
@@ -81,7 +83,7 @@ class TransferConfig(_Base):
     nixl: NixlConfig = NixlConfig()
 
 
-class ListenConfig(_Base):
+class ListenConfig(_Base, frozen=True):
     host: str = "127.0.0.1"
     """Address every listener binds (the pod IP in a pod; never 0.0.0.0 by default)."""
     bootstrap_port: int = 8998
@@ -90,13 +92,13 @@ class ListenConfig(_Base):
     metrics_port: int = 9400
 
 
-class PeerConfig(_Base):
+class PeerConfig(_Base, frozen=True):
     bootstrap_host: str = "127.0.0.1"
     """Decode only: the prefill bootstrap address (the bootstrap Service in a cluster)."""
     bootstrap_port: int = 8998
 
 
-class IdentityConfig(_Base):
+class IdentityConfig(_Base, frozen=True):
     namespace: str = ""
     pdpair: str = ""
     generation: str = ""
@@ -104,7 +106,37 @@ class IdentityConfig(_Base):
     pod_name: str = ""
 
 
-class AgentConfig(_Base):
+class SyntheticConfig(_Base, frozen=True):
+    """The synthetic engine's request stream, which decode originates (a canary in pods, the load in
+    the demo and benchmarks)."""
+
+    enabled: bool = True
+    requests_per_second: float = 1.0
+    """Canary rate; 0 = as fast as ``maxInflight`` allows."""
+    requests: int = 0
+    """Stop after this many requests; 0 = run until stopped."""
+    tokens: tuple[int, ...] = (1024,)
+    """Token lengths of successive requests, cycled; 0 = an all-empty request."""
+    max_inflight: int = 4
+    verify: bool = True
+    """Decode checks every received byte against the deterministic fill."""
+
+
+class EngineConfig(_Base, frozen=True):
+    """Who owns the pools and the requests: the agent's own synthetic engine (``synthetic``), or a
+    serving engine in the next container that speaks the local API (``external``, sidecar mode)."""
+
+    mode: Literal["synthetic", "external"] = "synthetic"
+    socket_path: str = "/var/run/pdpair/agent.sock"
+    """The local API's Unix socket, in a volume the engine's and the agent's containers share."""
+    max_frame_bytes: int = 4 << 20
+
+
+class LocalApiConfig(_Base, frozen=True):
+    engine: EngineConfig = EngineConfig()
+
+
+class AgentConfig(_Base, frozen=True):
     format_version: int = FORMAT_VERSION
     role: Role = "prefill"
     tp_rank: int = 0
@@ -115,6 +147,8 @@ class AgentConfig(_Base):
     listen: ListenConfig = ListenConfig()
     peer: PeerConfig = PeerConfig()
     identity: IdentityConfig = IdentityConfig()
+    synthetic: SyntheticConfig = SyntheticConfig()
+    localapi: LocalApiConfig = LocalApiConfig()
 
     @property
     def tp_size(self) -> int:

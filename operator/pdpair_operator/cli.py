@@ -1,0 +1,74 @@
+"""``pdpair-operator``: run the PDPair operator against the current kubeconfig (or in-cluster config).
+
+A thin wrapper over ``kopf.run``: parses options once, configures logging, imports the handlers (which
+register themselves with kopf) and hands the options to them through kopf's ``memo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+from .options import Options
+
+LOG_FORMATS = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pdpair-operator",
+        description="Reconcile PDPair resources (pdpair.io/v1alpha1) into prefill/decode pods, Services and "
+                    "agent ConfigMaps. Uses the current kubeconfig, or the in-cluster service account.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch only this namespace (repeatable; glob patterns such as 'team-*' allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch every namespace (the default when no --namespace is given)")
+    p.add_argument("--metrics-port", type=int, default=8080,
+                   help="serve Prometheus metrics on this port (0 disables; default 8080)")
+    p.add_argument("--metrics-address", default="127.0.0.1",
+                   help="address the metrics endpoint binds (default 127.0.0.1; use the pod IP in a cluster)")
+    p.add_argument("--log-format", choices=sorted(LOG_FORMATS), default="full",
+                   help="plain: message only; full: time, logger and level; json: one JSON object per line")
+    p.add_argument("--standalone", action="store_true",
+                   help="no peering with other operator instances (kopf peering off)")
+    p.add_argument("--liveness", metavar="URL", default=None,
+                   help="kopf liveness endpoint, e.g. http://127.0.0.1:8081/healthz")
+    p.add_argument("--concurrency", type=int, default=24, help="API requests in flight (default 24)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    return p
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    return Options(metrics_port=args.metrics_port, metrics_address=args.metrics_address,
+                   concurrency=max(1, args.concurrency))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    kopf.configure(verbose=args.verbose, quiet=args.quiet, log_format=LOG_FORMATS[args.log_format])
+    if not args.verbose:
+        # kopf logs every event handler's success at INFO: one line per pod event at scale.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+
+    try:
+        kopf.run(
+            standalone=args.standalone or None,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness,
+            memo=kopf.Memo(options=options_from(args)),
+        )
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

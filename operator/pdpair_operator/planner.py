@@ -1,0 +1,246 @@
+"""The reconcile step as a pure function: ``plan(owner, observed, now) -> Plan``. No I/O, no clock.
+
+Steps, in order:
+
+1. **Failures.** A Failed (or exited) pod is recorded in ``status.failures`` (count, time, crash context)
+   and deleted; its slot is refilled only after an exponential backoff, and the replacement carries the
+   count and the last failure in annotations so the crash context survives the old pod.
+2. **Targets.** Steady state: the spec's replica counts, indices ``0..n-1``, extras deleted highest index
+   first. During a rollout (pods of another generation exist) the spec's P:D ratio is cut into
+   ``g = gcd(P, D)`` units of ``(P/g, D/g)`` pods. The new generation gets ``ready_units + maxSurgeUnits``
+   units; the old keeps ``g - ready_units`` units, so an old unit goes only once a new unit is ready and
+   both generations stay in ratio. ``Recreate`` empties the old generation first.
+3. **Pairing.** Each generation has its own ConfigMap and bootstrap Service (named by the hash): a
+   decode finds only prefills of its generation, so generations never pair. Children of generations
+   with no pods left are deleted.
+4. **Status** recomputed from the pods (``status.py``); written only when it changed; Events for
+   condition flips, rollout start and completion, and failures.
+
+Names are deterministic, so replaying a plan against a stale view is harmless: a repeated create
+answers 409, a repeated delete 404 (deletes carry a UID precondition so a replacement is never hit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from . import naming, render
+from .observe import ChildView, Owner, PodView
+from .spec import ROLES, Role, generation_hash
+from .status import RolloutFacts, build_status, condition, transition_events
+
+BACKOFF_BASE_SECONDS = 5.0
+BACKOFF_CAP_SECONDS = 300.0
+FAILURE_MEMORY_SECONDS = 600.0
+"""A slot serving this long after its last failure starts its backoff afresh."""
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: str
+    name: str
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class Patch:
+    kind: str
+    name: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    pods: tuple[PodView, ...] = ()
+    children: tuple[ChildView, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    creates: tuple[dict[str, Any], ...] = ()
+    deletes: tuple[Delete, ...] = ()
+    patches: tuple[Patch, ...] = ()
+    status: dict[str, Any] | None = None
+    """The new status, or None when it is unchanged."""
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    generation: str = ""
+
+
+@dataclass
+class _Work:
+    creates: list[dict[str, Any]] = field(default_factory=list)
+    deletes: list[Delete] = field(default_factory=list)
+    patches: list[Patch] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    backoff: list[str] = field(default_factory=list)
+    requeue: list[float] = field(default_factory=list)
+
+
+def rfc3339(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str, default: datetime) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return default
+
+
+def backoff_seconds(count: int) -> float:
+    return min(BACKOFF_BASE_SECONDS * 2 ** max(count - 1, 0), BACKOFF_CAP_SECONDS)
+
+
+def plan(owner: Owner, observed: Observed, now: datetime) -> Plan:
+    gen = generation_hash(owner.spec)
+    work = _Work()
+    failures = _record_failures(owner, gen, observed.pods, now, work)
+    old_pods = _plan_pods(owner, gen, observed.pods, failures, now, work)
+    _plan_children(owner, gen, observed, work)
+    pod_changes = sum(1 for c in work.creates if c["kind"] == "Pod") + sum(
+        1 for d in work.deletes if d.kind == "Pod")
+    facts = RolloutFacts(pending_changes=pod_changes, old_pods=old_pods, backoff=tuple(work.backoff))
+    status = build_status(owner, gen, observed.pods, facts, failures, rfc3339(now))
+    events = work.events + _status_events(owner.status, status, gen)
+    return Plan(
+        creates=tuple(work.creates), deletes=tuple(work.deletes), patches=tuple(work.patches),
+        status=None if status == owner.status else status, events=tuple(events),
+        requeue_after=min(work.requeue) if work.requeue else None, generation=gen,
+    )
+
+
+def _record_failures(owner: Owner, gen: str, pods: tuple[PodView, ...], now: datetime,
+                     work: _Work) -> list[dict[str, Any]]:
+    """Step 1: keep one record per failed slot (pod name); delete failed pods."""
+    records = {r["pod"]: dict(r) for r in owner.status.get("failures") or [] if "pod" in r}
+    for pod in pods:
+        if not pod.failed or pod.deleting:
+            continue
+        work.deletes.append(Delete("Pod", pod.name, pod.uid))
+        old = records.get(pod.name)
+        if old is not None and old.get("uid") == pod.uid:
+            continue
+        count = max(int(old.get("count", 0)) if old else 0, pod.restarts) + 1
+        records[pod.name] = {"pod": pod.name, "uid": pod.uid, "count": count,
+                             "lastFailureTime": pod.finished_at or rfc3339(now), "reason": pod.failure}
+        work.events.append(Event("Warning", "PodFailed", f"{pod.name} failed ({pod.failure or pod.phase}); "
+                                 f"replacing in {backoff_seconds(count):.0f}s (failure {count})"))
+    serving = {p.name for p in pods if p.serving}
+    kept = []
+    for name, rec in sorted(records.items()):
+        since = (now - _parse_time(rec.get("lastFailureTime", ""), now)).total_seconds()
+        if name in serving and since > FAILURE_MEMORY_SECONDS:
+            continue
+        if not name.startswith(f"{owner.name}-{gen}-"):
+            continue
+        kept.append(rec)
+    return kept
+
+
+def _targets(owner: Owner, new: list[PodView],
+             old_all: list[PodView]) -> tuple[dict[Role, int], dict[Role, int]]:
+    """Step 2: (pods wanted in the new generation, old-generation pods that may stay) per role."""
+    spec = owner.spec
+    want: dict[Role, int] = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas}
+    if not old_all:
+        return want, {"prefill": 0, "decode": 0}
+    if spec.update_strategy.type == "Recreate":
+        return {"prefill": 0, "decode": 0}, {"prefill": 0, "decode": 0}
+    units = math.gcd(want["prefill"], want["decode"])
+    if units == 0:
+        return want, {"prefill": 0, "decode": 0}
+    unit = {r: want[r] // units for r in ROLES}
+    serving = {r: sum(1 for p in new if p.role == r and p.serving) for r in ROLES}
+    ready_units = min(serving[r] // unit[r] for r in ROLES if unit[r] > 0)
+    target = min(units, ready_units + max(1, spec.update_strategy.max_surge_units))
+    keep = max(units - ready_units, 0)
+    return {r: target * unit[r] for r in ROLES}, {r: keep * unit[r] for r in ROLES}
+
+
+def _plan_pods(owner: Owner, gen: str, pods: tuple[PodView, ...], failures: list[dict[str, Any]],
+               now: datetime, work: _Work) -> int:
+    """Steps 1-2 for pods; returns how many pods of older generations still exist."""
+    active = [p for p in pods if not p.deleting and not p.failed]
+    new = [p for p in active if p.generation == gen]
+    old_all = [p for p in pods if p.generation != gen]
+    want, keep = _targets(owner, new, old_all)
+    present = {p.name for p in pods}
+    records = {r["pod"]: r for r in failures}
+    for role in ROLES:
+        for index in range(want[role]):
+            name = naming.pod_name(owner.name, gen, role, index)
+            if name not in present:
+                _create_pod(owner, gen, role, index, records.get(name), now, work)
+        extra = [p for p in new if p.role == role and p.index >= want[role]]
+        old = sorted((p for p in active if p.generation != gen and p.role == role),
+                     key=lambda p: (not p.serving, p.index))
+        extra += old[keep[role]:]
+        for pod in sorted(extra, key=lambda p: (-p.index, p.name)):
+            work.deletes.append(Delete("Pod", pod.name, pod.uid))
+    return len(old_all)
+
+
+def _create_pod(owner: Owner, gen: str, role: Role, index: int, record: dict[str, Any] | None,
+                now: datetime, work: _Work) -> None:
+    if record is None:
+        work.creates.append(render.build_pod(owner, gen, role, index))
+        return
+    count = int(record.get("count", 1))
+    due = _parse_time(record.get("lastFailureTime", ""), now).timestamp() + backoff_seconds(count)
+    wait = due - now.timestamp()
+    if wait > 0:
+        work.requeue.append(wait)
+        work.backoff.append(f"{record['pod']} failed {count}x ({record.get('reason') or 'unknown'}); "
+                            f"replacing in {wait:.0f}s")
+        return
+    failure = f"{record.get('lastFailureTime', '')} {record.get('reason') or ''}".strip()
+    work.creates.append(render.build_pod(owner, gen, role, index, restarts=count, last_failure=failure))
+
+
+def _desired_children(owner: Owner, gen: str) -> list[dict[str, Any]]:
+    return [
+        render.build_config_map(owner, gen),
+        render.build_bootstrap_service(owner, gen),
+        render.build_headless_service(owner),
+        render.build_metrics_service(owner),
+    ]
+
+
+def _plan_children(owner: Owner, gen: str, observed: Observed, work: _Work) -> None:
+    """Step 3: per-generation ConfigMap and bootstrap Service, plus the two stable Services."""
+    live_gens = {gen} | {p.generation for p in observed.pods}
+    seen = {(c.kind, c.name): c for c in observed.children}
+    for manifest in _desired_children(owner, gen):
+        meta = manifest["metadata"]
+        have = seen.get((manifest["kind"], meta["name"]))
+        if have is None:
+            work.creates.append(manifest)
+        elif not have.deleting and have.render_hash != meta["annotations"][naming.ANNOTATION_RENDER_HASH]:
+            body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+            work.patches.append(Patch(manifest["kind"], meta["name"], body))
+    for child in observed.children:
+        if child.generation and child.generation not in live_gens and not child.deleting:
+            work.deletes.append(Delete(child.kind, child.name))
+
+
+def _status_events(before: dict[str, Any], after: dict[str, Any], gen: str) -> list[Event]:
+    events = [Event(t, r, m) for t, r, m in transition_events(before, after)]
+    previous = before.get("generationHash")
+    if previous and previous != gen:
+        events.append(Event("Normal", "RolloutStarted", f"generation {previous} -> {gen}"))
+    was = condition(before, "Progressing").get("reason")
+    now_reason = condition(after, "Progressing").get("reason")
+    if was == "RollingOut" and now_reason != "RollingOut":
+        events.append(Event("Normal", "RolloutComplete", f"all pods at generation {gen}"))
+    return events

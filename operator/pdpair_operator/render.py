@@ -1,0 +1,264 @@
+"""``build_*``: the children of one PDPair as plain manifests (dicts). Pure: no client, no clock.
+
+Each manifest carries the owner reference (controller=true, so the garbage collector cascades deletion),
+the owner labels the operator watches, and a ``render-hash`` annotation the planner compares to decide
+whether a long-lived child (Service, ConfigMap) needs a patch. Pods are never patched: a changed pod is
+a new generation (see ``spec.generation_hash``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from dataplane import config as agent_config
+
+from . import naming
+from .observe import Owner
+from .spec import API_VERSION, KIND, PDPairSpec, Role
+
+AGENT_UID = 65532
+TERMINATION_GRACE_SECONDS = 10
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION, "kind": KIND, "name": owner.name, "uid": owner.uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }
+
+
+def render_hash(manifest: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _finish(owner: Owner, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Stamp owner reference and render hash (hash over everything else)."""
+    meta = manifest["metadata"]
+    meta["namespace"] = owner.namespace
+    meta["ownerReferences"] = [owner_reference(owner)]
+    meta.setdefault("annotations", {})[naming.ANNOTATION_RENDER_HASH] = render_hash(manifest)
+    return manifest
+
+
+def bootstrap_host(owner: Owner, generation: str) -> str:
+    return naming.service_dns(naming.bootstrap_service(owner.name, generation), owner.namespace)
+
+
+def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.AgentConfig:
+    """The agent's settings for one role of one generation (listen host and pod name come from flags)."""
+    spec, ac = owner.spec, agent_config
+    model = spec.model
+    components = [
+        ac.ComponentConfig(c.name, c.state_type, list(c.item_lens), c.num_items, list(c.tp_dims),
+                           list(c.layer_ids), c.dtype)
+        for c in model.components
+    ]
+    mori, nixl = spec.transfer.mori, spec.transfer.nixl
+    return ac.AgentConfig(
+        role=role,
+        model=ac.ModelConfig(
+            name=model.name, profile=model.profile, page_size=model.page_size, dtype=model.dtype,
+            pool_pages=model.pool_pages, max_requests=model.max_requests, kv_item_len=model.kv_item_len,
+            kv_layers=model.kv_layers, components=components,
+        ),
+        prefill=ac.RoleConfig(spec.prefill.replicas, spec.prefill.tensor_parallel_size),
+        decode=ac.RoleConfig(spec.decode.replicas, spec.decode.tensor_parallel_size),
+        transfer=ac.TransferConfig(
+            backend=spec.transfer.backend,
+            timeout_seconds=spec.transfer.timeout_seconds,
+            heartbeat_interval_seconds=spec.transfer.heartbeat_interval_seconds,
+            heartbeat_misses=spec.transfer.heartbeat_misses,
+            device=spec.transfer.device,
+            mori=ac.MoriConfig(list(mori.rdma_devices), mori.qp_per_transfer, mori.post_batch_size,
+                               mori.num_worker_threads, mori.poll_cq_mode),
+            nixl=ac.NixlConfig(backends=tuple(nixl.backends), ucx_tls=nixl.ucx_tls,
+                               ucx_net_devices=nixl.ucx_net_devices),
+        ),
+        listen=ac.ListenConfig(bootstrap_port=spec.ports.bootstrap, metrics_port=spec.ports.metrics),
+        peer=ac.PeerConfig(
+            bootstrap_host=bootstrap_host(owner, generation),
+            bootstrap_port=spec.ports.bootstrap,
+        ),
+        identity=ac.IdentityConfig(namespace=owner.namespace, pdpair=owner.name, generation=generation),
+    )
+
+
+def build_config_map(owner: Owner, generation: str) -> dict[str, Any]:
+    data = {
+        f"{role}.yaml": agent_config.dump_config(agent_config_for(owner, generation, role)).decode()
+        for role in ("prefill", "decode")
+    }
+    return _finish(owner, {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": naming.config_map(owner.name, generation),
+                     "labels": {**naming.owner_labels(owner.name), naming.LABEL_KIND: "config",
+                                naming.LABEL_GENERATION: generation}},
+        "data": data,
+    })
+
+
+def _service(owner: Owner, name: str, child: str, spec: dict[str, Any],
+             labels: dict[str, str]) -> dict[str, Any]:
+    all_labels = {**naming.owner_labels(owner.name), naming.LABEL_KIND: child, **labels}
+    return _finish(owner, {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": spec,
+    })
+
+
+def build_bootstrap_service(owner: Owner, generation: str) -> dict[str, Any]:
+    """Prefill's bootstrap endpoint for one generation: decode of that generation finds only its prefill.
+
+    Not-ready addresses are published: prefill becomes transfer-ready only after decode reached it.
+    """
+    port = owner.spec.ports.bootstrap
+    return _service(owner, naming.bootstrap_service(owner.name, generation), "bootstrap", {
+        "selector": naming.pod_selector(owner.name, "prefill", generation),
+        "publishNotReadyAddresses": True,
+        "ports": [{"name": "bootstrap", "port": port, "targetPort": port, "protocol": "TCP"}],
+    }, {naming.LABEL_GENERATION: generation})
+
+
+def build_headless_service(owner: Owner) -> dict[str, Any]:
+    """Stable per-pod DNS (``<pod>.<name>-pods``) for every generation and role."""
+    ports = owner.spec.ports
+    return _service(owner, naming.headless_service(owner.name), "headless", {
+        "clusterIP": "None",
+        "selector": naming.pod_selector(owner.name),
+        "publishNotReadyAddresses": True,
+        "ports": [{"name": "bootstrap", "port": ports.bootstrap, "protocol": "TCP"},
+                  {"name": "metrics", "port": ports.metrics, "protocol": "TCP"}],
+    }, {})
+
+
+def build_metrics_service(owner: Owner) -> dict[str, Any]:
+    port = owner.spec.ports.metrics
+    return _service(owner, naming.metrics_service(owner.name), "metrics", {
+        "selector": naming.pod_selector(owner.name),
+        "ports": [{"name": "metrics", "port": port, "targetPort": port, "protocol": "TCP"}],
+    }, {})
+
+
+def agent_command(role: Role) -> list[str]:
+    return [
+        "pdpair-agent", "run", "--role", role,
+        "--config", f"{naming.CONFIG_DIR}/{naming.CONFIG_FILE}",
+        "--listen-host", "$(POD_IP)", "--pod-name", "$(POD_NAME)", "--namespace", "$(POD_NAMESPACE)",
+        "--tp-rank", "0",
+    ]
+
+
+def _env(spec: PDPairSpec, role: Role) -> list[dict[str, Any]]:
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": field("status.podIP")},
+        {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+        {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+    ]
+    for var in spec.role(role).env:
+        entry: dict[str, Any] = {"name": var.name}
+        if var.value_from is not None:
+            entry["valueFrom"] = var.value_from
+        else:
+            entry["value"] = var.value or ""
+        env.append(entry)
+    return env
+
+
+def _resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
+    rs = spec.role(role)
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if rs.gpu_count() > 0:
+        limits[rs.resources.gpu_resource_name] = str(rs.gpu_count())
+    if rs.resources.rdma.count > 0:
+        limits[rs.resources.rdma.resource_name] = str(rs.resources.rdma.count)
+    for key, value in (("cpu", rs.resources.cpu), ("memory", rs.resources.memory)):
+        if value:
+            requests[key] = value
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def container_security_context(spec: PDPairSpec) -> dict[str, Any]:
+    """Non-root, no escalation, all capabilities dropped; MoRI's RDMA memory pinning needs IPC_LOCK."""
+    caps: dict[str, Any] = {"drop": ["ALL"]}
+    if spec.transfer.backend == "mori":
+        caps["add"] = ["IPC_LOCK"]
+    return {
+        "runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
+        "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+        "capabilities": caps, "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
+    ports = spec.ports
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": agent_command(role),
+        "env": _env(spec, role),
+        "ports": [{"name": "bootstrap", "containerPort": ports.bootstrap, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": ports.metrics, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
+                           "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3},
+        "securityContext": container_security_context(spec),
+        "volumeMounts": [{"name": "agent-config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    resources = _resources(spec, role)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def build_pod(owner: Owner, generation: str, role: Role, index: int,
+              restarts: int = 0, last_failure: str = "") -> dict[str, Any]:
+    """One agent pod; ``restarts``/``last_failure`` keep a replaced pod's crash context visible."""
+    spec, rs = owner.spec, owner.spec.role(role)
+    name = naming.pod_name(owner.name, generation, role, index)
+    annotations = {naming.ANNOTATION_RESTARTS: str(restarts)}
+    if last_failure:
+        annotations[naming.ANNOTATION_LAST_FAILURE] = last_failure
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": naming.headless_service(owner.name),
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "readinessGates": [{"conditionType": naming.TRANSFER_READY}],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
+                            "fsGroup": AGENT_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [_container(spec, role)],
+        "volumes": [
+            {"name": "agent-config", "configMap": {
+                "name": naming.config_map(owner.name, generation),
+                "items": [{"key": f"{role}.yaml", "path": naming.CONFIG_FILE}]}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if rs.node_selector:
+        pod_spec["nodeSelector"] = dict(rs.node_selector)
+    if rs.tolerations:
+        pod_spec["tolerations"] = list(rs.tolerations)
+    if rs.affinity:
+        pod_spec["affinity"] = rs.affinity
+    return _finish(owner, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": naming.pod_labels(owner.name, generation, role, index),
+                     "annotations": annotations},
+        "spec": pod_spec,
+    })

@@ -1,0 +1,157 @@
+"""Typed view of a PDPair's ``spec``, parsed once at the edge of every reconcile.
+
+The API server already applies the CRD's defaults and CEL rules; the defaults are repeated here so the
+planner and renderer see the same values when handed a raw dict (tests, an older stored object). The
+field names mirror the CRD (camelCase on the wire, snake_case in Python).
+
+``generation_hash`` names a *pod generation*: everything that shapes a pod or its agent's config, and
+nothing that only scales (replica counts) or steers the rollout (update strategy). Pods, their
+ConfigMap and their bootstrap Service carry it, and agents pair only within one hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import msgspec
+
+GROUP = "pdpair.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PDPair"
+PLURAL = "pdpairs"
+PROFILES = ("qwen3-next", "deepseek-v3.2", "gpt-oss", "pure-kv")
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+class _Spec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    pass
+
+
+class Component(_Spec, frozen=True):
+    name: str
+    state_type: str
+    item_lens: list[int]
+    num_items: int
+    tp_dims: list[int] = []
+    layer_ids: list[int] = []
+    dtype: str = "bfloat16"
+
+
+class Model(_Spec, frozen=True):
+    name: str
+    profile: str | None = None
+    components: list[Component] = []
+    page_size: int = 64
+    dtype: str = "bfloat16"
+    pool_pages: int = 1024
+    max_requests: int = 64
+    kv_item_len: int | None = None
+    kv_layers: int = 0
+
+
+class Mori(_Spec, frozen=True):
+    rdma_devices: list[str] = []
+    qp_per_transfer: int = 1
+    post_batch_size: int = -1
+    num_worker_threads: int = 1
+    poll_cq_mode: Literal["polling", "event"] = "polling"
+
+
+class Nixl(_Spec, frozen=True):
+    backends: list[str] = msgspec.field(default_factory=lambda: ["UCX"])
+    ucx_tls: str | None = None
+    ucx_net_devices: str | None = None
+
+
+class Transfer(_Spec, frozen=True):
+    backend: Literal["nixl", "mori"] = "nixl"
+    timeout_seconds: float = 30.0
+    heartbeat_interval_seconds: float = 1.0
+    heartbeat_misses: int = 5
+    device: Literal["cpu", "cuda"] = "cpu"
+    mori: Mori = Mori()
+    nixl: Nixl = Nixl()
+
+
+class Rdma(_Spec, frozen=True):
+    resource_name: str = ""
+    count: int = 0
+
+
+class Resources(_Spec, frozen=True):
+    gpu_resource_name: str = "nvidia.com/gpu"
+    gpus: int | None = None
+    """None: one GPU per tensor-parallel rank."""
+    rdma: Rdma = Rdma()
+    cpu: str | None = None
+    memory: str | None = None
+
+
+class EnvVar(_Spec, frozen=True):
+    name: str
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class RoleSpec(_Spec, frozen=True):
+    replicas: int = 1
+    tensor_parallel_size: int = 1
+    resources: Resources = Resources()
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    affinity: dict[str, Any] | None = None
+    env: list[EnvVar] = []
+
+    def gpu_count(self) -> int:
+        return self.tensor_parallel_size if self.resources.gpus is None else self.resources.gpus
+
+
+class Ports(_Spec, frozen=True):
+    bootstrap: int = 8998
+    metrics: int = 9400
+
+
+class UpdateStrategy(_Spec, frozen=True):
+    type: Literal["Coordinated", "Recreate"] = "Coordinated"
+    max_surge_units: int = 1
+    """Coordinated: how many P:D units of the new generation may exist beyond the ready ones."""
+
+
+class PDPairSpec(_Spec, frozen=True):
+    model: Model
+    image: str
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account_name: str | None = None
+    transfer: Transfer = Transfer()
+    prefill: RoleSpec = RoleSpec()
+    decode: RoleSpec = RoleSpec()
+    ports: Ports = Ports()
+    update_strategy: UpdateStrategy = UpdateStrategy()
+
+    def role(self, role: Role) -> RoleSpec:
+        return self.prefill if role == "prefill" else self.decode
+
+
+class SpecError(ValueError):
+    """The stored spec does not parse (the CRD should have refused it)."""
+
+
+def parse_spec(raw: dict[str, Any]) -> PDPairSpec:
+    try:
+        return msgspec.convert(raw, type=PDPairSpec)
+    except msgspec.ValidationError as exc:
+        raise SpecError(f"invalid PDPair spec: {exc}") from exc
+
+
+def generation_hash(spec: PDPairSpec) -> str:
+    """8 hex digits over the pod-shaping part of the spec (replicas and update strategy excluded)."""
+    shaped = msgspec.structs.replace(
+        spec,
+        prefill=msgspec.structs.replace(spec.prefill, replicas=0),
+        decode=msgspec.structs.replace(spec.decode, replicas=0),
+        update_strategy=UpdateStrategy(),
+    )
+    return hashlib.sha256(msgspec.json.encode(shaped, order="sorted")).hexdigest()[:8]

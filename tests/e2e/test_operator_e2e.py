@@ -1,0 +1,326 @@
+"""The operator end to end on the real control plane (devcluster: kube-apiserver, controller-manager for
+garbage collection, scheduler, kwok nodes): CRD validation, children with owner references, scaling,
+pod replacement, coordinated rollouts, status from the agents' reports, cascade deletion, restarts.
+
+Where no real agent runs, the test plays the agents (``FakeAgents``: each Running pod reports
+``pdpair.io/TransferReady`` as ``PodStatusReporter`` would). ``test_real_agents_handshake`` runs the
+real ``pdpair-agent run`` processes through ``devcluster.PodRunner``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_support import (
+    EXAMPLES,
+    FakeAgents,
+    condition,
+    get,
+    install_crd,
+    pdpair,
+    pdpair_yaml,
+    pods,
+    report,
+    running_operator,
+    wait_for,
+)
+
+from devcluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    install_crd(cluster)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with running_operator(cluster, log, "--all-namespaces") as proc:
+        yield log
+        assert proc.poll() is None, f"operator exited: {log.read_text()[-3000:]}"
+
+
+@pytest.fixture
+def ns(cluster: Cluster, operator: Path) -> Iterator[str]:
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def apply(cluster: Cluster, ns: str, text: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", "-n", ns, "-f", "-", input=text, check=check)
+
+
+def running(cluster: Cluster, ns: str, name: str, expect: int) -> list[dict[str, Any]] | None:
+    items = [p for p in pods(cluster, ns, name) if not p["metadata"].get("deletionTimestamp")]
+    ok = len(items) == expect and all(p.get("status", {}).get("phase") == "Running" for p in items)
+    return items if ok else None
+
+
+def ready(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    obj = pdpair(cluster, ns, name)
+    return obj if condition(obj, "Ready").get("status") == "True" else None
+
+
+def children(cluster: Cluster, ns: str, name: str) -> dict[str, list[dict[str, Any]]]:
+    sel = f"pdpair.io/name={name}"
+    return {kind: get(cluster, kind, ns, "-l", sel)["items"] for kind in ("pods", "services", "configmaps")}
+
+
+# ---- the CRD ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"prefill": {"tensorParallelSize": 3}}, "tensorParallelSize must be a power of two"),
+    ({"model": {"name": "m", "profile": "pure-kv", "kvItemLen": 4,
+                "components": [{"name": "c", "stateType": "swa", "itemLens": [4], "numItems": 2}]}},
+     "set exactly one of model.profile or model.components"),
+    ({"prefill": {"replicas": 0}, "decode": {"replicas": 2}}, "scaled to zero together"),
+    ({"transfer": {"backend": "nixl", "mori": {"qpPerTransfer": 2}}},
+     "only valid with transfer.backend 'mori'"),
+    ({"transfer": {"backend": "tcp"}}, "Unsupported value"),
+])
+def test_invalid_pdpair_is_rejected_with_the_cel_message(cluster: Cluster, ns: str, patch: dict[str, Any],
+                                                         message: str) -> None:
+    doc = yaml.safe_load(pdpair_yaml("bad", 1, 1))
+    doc["spec"].update(patch)
+    proc = apply(cluster, ns, yaml.safe_dump(doc), check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+def test_immutable_fields_are_refused_on_update(cluster: Cluster, ns: str) -> None:
+    apply(cluster, ns, pdpair_yaml("imm", 1, 1))
+    doc = yaml.safe_load(pdpair_yaml("imm", 1, 1))
+    doc["spec"]["model"]["name"] = "another/model"
+    proc = apply(cluster, ns, yaml.safe_dump(doc), check=False)
+    assert proc.returncode != 0 and "model.name is immutable" in proc.stderr
+
+
+# ---- examples → children → running pods -----------------------------------------------------------
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_creates_owned_children_and_pods_run(cluster: Cluster, ns: str, example: Path) -> None:
+    doc = yaml.safe_load(example.read_text())
+    name = doc["metadata"]["name"]
+    cluster.kubectl("apply", "-n", ns, "-f", str(example))
+    owner_uid = pdpair(cluster, ns, name)["metadata"]["uid"]
+    total = doc["spec"]["prefill"]["replicas"] + doc["spec"]["decode"]["replicas"]
+
+    def complete() -> dict[str, list[dict[str, Any]]] | None:
+        kids = children(cluster, ns, name)
+        counts = (len(kids["pods"]), len(kids["services"]), len(kids["configmaps"]))
+        return kids if counts == (total, 3, 1) else None
+
+    kids = wait_for(f"children of {name}", complete, timeout=60)
+    for obj in (o for group in kids.values() for o in group):
+        [ref] = obj["metadata"]["ownerReferences"]
+        assert (ref["uid"], ref["kind"], ref["controller"]) == (owner_uid, "PDPair", True)
+    schedulable = all(r.get("resources", {}).get("gpuResourceName", "nvidia.com/gpu") == "nvidia.com/gpu"
+                      for r in (doc["spec"]["prefill"], doc["spec"]["decode"]))
+    if schedulable:
+        wait_for(f"{total} pods Running", lambda: running(cluster, ns, name, total), timeout=90)
+        status = wait_for("status", lambda: pdpair(cluster, ns, name).get("status"), timeout=30)
+        assert status["generationHash"] and status["bootstrapEndpoint"].endswith(f".{ns}.svc:8998")
+    else:
+        pending = [p for p in kids["pods"] if p.get("status", {}).get("phase") == "Pending"]
+        assert len(pending) == total, "amd.com/gpu is not on kwok nodes: these pods wait for a scheduler fit"
+
+
+def test_fake_agents_make_it_ready_and_scale_up_and_down(cluster: Cluster, ns: str) -> None:
+    apply(cluster, ns, pdpair_yaml("scale", 1, 1))
+    with FakeAgents(cluster, ns, "scale"):
+        obj = wait_for("Ready", lambda: ready(cluster, ns, "scale"), timeout=90)
+        assert condition(obj, "TransferReady")["status"] == "True"
+        assert obj["status"]["prefill"]["ready"] == "1/1"
+        apply(cluster, ns, pdpair_yaml("scale", 3, 3))
+        wait_for("6 pods", lambda: running(cluster, ns, "scale", 6), timeout=90)
+        wait_for("Ready at 3+3", lambda: (o := ready(cluster, ns, "scale")) and
+                 o["status"]["decode"]["ready"] == "3/3", timeout=90)
+        apply(cluster, ns, pdpair_yaml("scale", 1, 2))
+        left = wait_for("3 pods", lambda: running(cluster, ns, "scale", 3), timeout=90)
+        labels = [p["metadata"]["labels"] for p in left]
+        indices = sorted((lb["pdpair.io/role"], lb["pdpair.io/index"]) for lb in labels)
+        assert indices == [("decode", "0"), ("decode", "1"), ("prefill", "0")]
+
+
+def test_deleted_pod_is_replaced(cluster: Cluster, ns: str) -> None:
+    apply(cluster, ns, pdpair_yaml("heal", 1, 1))
+    before = wait_for("2 pods", lambda: running(cluster, ns, "heal", 2), timeout=90)
+    victim = before[0]["metadata"]
+    cluster.kubectl("delete", "pod", victim["name"], "-n", ns, "--wait=true")
+
+    def replaced() -> bool:
+        now = running(cluster, ns, "heal", 2) or []
+        metas = [p["metadata"] for p in now]
+        return any(m["name"] == victim["name"] and m["uid"] != victim["uid"] for m in metas)
+
+    wait_for("replacement pod", replaced, timeout=90)
+
+
+def test_coordinated_rollout_keeps_capacity_and_never_pairs_generations(cluster: Cluster, ns: str) -> None:
+    apply(cluster, ns, pdpair_yaml("roll", 2, 4))
+    with FakeAgents(cluster, ns, "roll"):
+        old = wait_for("Ready", lambda: ready(cluster, ns, "roll"), timeout=120)["status"]["generationHash"]
+        apply(cluster, ns, pdpair_yaml("roll", 2, 4, image="ghcr.io/pdpair/agent:0.2.0"))
+        seen: list[dict[str, dict[str, int]]] = []
+
+        def finished() -> bool:
+            items = [p for p in pods(cluster, ns, "roll") if not p["metadata"].get("deletionTimestamp")]
+            snap: dict[str, dict[str, int]] = {}
+            for p in items:
+                labels = p["metadata"]["labels"]
+                serving = condition(p, "Ready").get("status") == "True" and \
+                    condition(p, "pdpair.io/TransferReady").get("reason") == "HandshakeComplete"
+                key = f"{labels['pdpair.io/generation']}/{'serving' if serving else 'other'}"
+                snap.setdefault(key, {"prefill": 0, "decode": 0})[labels["pdpair.io/role"]] += 1
+            seen.append(snap)
+            gens = {k.split("/")[0] for k in snap}
+            obj = pdpair(cluster, ns, "roll")
+            done = condition(obj, "Ready").get("status") == "True"
+            return done and gens == {obj["status"]["generationHash"]}
+
+        wait_for("rollout to finish", finished, timeout=180, interval=0.2)
+    new = pdpair(cluster, ns, "roll")["status"]["generationHash"]
+    assert new != old
+    for snap in seen:
+        serving = [v for k, v in snap.items() if k.endswith("/serving")]
+        served = {r: sum(v[r] for v in serving) for r in ("prefill", "decode")}
+        assert served["prefill"] >= 2 and served["decode"] >= 4, f"capacity dropped mid-rollout: {snap}"
+    assert any(any(k.startswith(new) for k in s) and any(k.startswith(old) for k in s) for s in seen)
+    cm = get(cluster, "configmap", ns, f"roll-agent-{new}")
+    peer = yaml.safe_load(cm["data"]["decode.yaml"])["peer"]["bootstrapHost"]
+    assert peer == f"roll-bootstrap-{new}.{ns}.svc"
+    svc = get(cluster, "service", ns, f"roll-bootstrap-{new}")
+    assert svc["spec"]["selector"]["pdpair.io/generation"] == new
+    leftovers = [o["metadata"]["name"] for group in children(cluster, ns, "roll").values() for o in group
+                 if o["metadata"].get("labels", {}).get("pdpair.io/generation") == old]
+    wait_for("old generation's children gone", lambda: not [
+        o for group in children(cluster, ns, "roll").values() for o in group
+        if o["metadata"].get("labels", {}).get("pdpair.io/generation") == old] or None, timeout=60)
+    assert isinstance(leftovers, list)
+    reasons = {e["reason"] for e in get(cluster, "events", ns, "--field-selector",
+                                         "involvedObject.name=roll")["items"]}
+    assert {"RolloutStarted", "RolloutComplete"} <= reasons
+
+
+def test_schema_mismatch_shows_transfer_ready_false_with_the_agents_reason(cluster: Cluster, ns: str) -> None:
+    apply(cluster, ns, pdpair_yaml("skew", 1, 1))
+    with FakeAgents(cluster, ns, "skew") as agents:
+        wait_for("Ready", lambda: ready(cluster, ns, "skew"), timeout=90)
+        decode = next(p["metadata"]["name"] for p in pods(cluster, ns, "skew")
+                      if p["metadata"]["labels"]["pdpair.io/role"] == "decode")
+        agents.hold.add(decode)
+        report(cluster, ns, decode, "False", "SchemaMismatch",
+               "component 0 'mamba': prefill state_type mamba, decode swa")
+
+        def mismatch() -> dict[str, Any] | None:
+            cond = condition(pdpair(cluster, ns, "skew"), "TransferReady")
+            return cond if cond.get("status") == "False" else None
+
+        cond = wait_for("TransferReady=False", mismatch, timeout=60)
+    assert cond["reason"] == "SchemaMismatch" and "decode swa" in cond["message"]
+    obj = pdpair(cluster, ns, "skew")
+    assert condition(obj, "Ready")["status"] == "False" and condition(obj, "Degraded")["status"] == "True"
+    events = get(cluster, "events", ns, "--field-selector", "involvedObject.name=skew")["items"]
+    assert any(e["reason"] == "TransferReadyFalse" and e["type"] == "Warning" for e in events)
+
+
+def test_delete_cascades_through_the_garbage_collector(cluster: Cluster, ns: str) -> None:
+    apply(cluster, ns, pdpair_yaml("gone", 2, 2))
+    wait_for("children", lambda: len(children(cluster, ns, "gone")["pods"]) == 4, timeout=60)
+    cluster.kubectl("delete", "pdpair", "gone", "-n", ns, "--wait=true", timeout=60)
+    wait_for("everything gone", lambda: not any(children(cluster, ns, "gone").values()), timeout=90)
+
+
+def test_operator_restart_mid_work_converges_without_duplicates(cluster: Cluster, ns: str,
+                                                                tmp_path: Path) -> None:
+    text = "---\n".join(pdpair_yaml(f"r{i}", 1, 2) for i in range(5))
+    apply(cluster, ns, text)
+    with running_operator(cluster, tmp_path / "second.log", "--namespace", ns):
+        for i in range(5):
+            wait_for(f"r{i} pods", lambda i=i: running(cluster, ns, f"r{i}", 3), timeout=120)
+    for i in range(5):
+        kids = children(cluster, ns, f"r{i}")
+        assert (len(kids["pods"]), len(kids["services"]), len(kids["configmaps"])) == (3, 3, 1)
+    stray = [p["metadata"]["name"] for p in get(cluster, "pods", ns)["items"]
+             if not p["metadata"].get("ownerReferences")]
+    assert stray == []
+
+
+def test_status_and_printer_columns(cluster: Cluster, ns: str) -> None:
+    apply(cluster, ns, pdpair_yaml("cols", 1, 1))
+    with FakeAgents(cluster, ns, "cols"):
+        wait_for("Ready", lambda: ready(cluster, ns, "cols"), timeout=90)
+    out = cluster.kubectl("get", "pdp", "-n", ns).stdout
+    header, row = out.splitlines()[:2]
+    assert header.split()[:6] == ["NAME", "P", "READY", "D", "READY", "READY"]
+    assert row.split()[:5] == ["cols", "1/1", "1/1", "True", "AllReplicasReady"]
+    obj = pdpair(cluster, ns, "cols")
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    explain = cluster.kubectl("explain", "pdpair.spec.transfer.backend").stdout
+    assert "mori" in explain and "nixl" in explain
+    assert json.dumps(obj["status"]["conditions"])
+
+
+# ---- real agents through the local pod runner ---------------------------------------------------------
+def _publish_prefill_addresses(runner: Any, ns: str, name: str, hosts: Path) -> None:
+    mapping: dict[str, str] = {}
+    for pod in list(runner.pods.values()):
+        parts = pod.name.rsplit("-", 3)
+        if len(parts) == 4 and parts[2] == "prefill" and parts[3] == "0" and not pod.stopped:
+            mapping[f"{name}-bootstrap-{parts[1]}.{ns}.svc"] = pod.address
+    hosts.write_text(json.dumps(mapping))
+
+
+def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Cluster, ns: str,
+                                                                  tmp_path: Path) -> None:
+    import sys
+    import threading
+
+    from operator_support import REPO
+
+    from devcluster import PodRunner
+
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text("{}")
+    shim = [sys.executable, str(Path(__file__).with_name("agent_shim.py")), str(hosts), "--",
+            str(REPO / ".venv" / "bin" / "pdpair-agent")]
+    cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "pure-kv-nixl.yaml"))
+    stop = threading.Event()
+    with PodRunner(cluster, ns, {"pdpair-agent": shim}, selector="pdpair.io/name=pure-kv",
+                   extra_env={"KUBECONFIG": str(cluster.kubeconfig)}, workdir=tmp_path / "pods") as runner:
+        runner.watch(interval=0.3)
+
+        def publish() -> None:
+            while not stop.wait(0.3):
+                _publish_prefill_addresses(runner, ns, "pure-kv", hosts)
+
+        threading.Thread(target=publish, daemon=True).start()
+        try:
+            obj = wait_for("Ready via real agents", lambda: ready(cluster, ns, "pure-kv"), timeout=120)
+            transfer = condition(obj, "TransferReady")
+            assert transfer["status"] == "True" and transfer["reason"]
+            gen = obj["status"]["generationHash"]
+            cm = f"pure-kv-agent-{gen}"
+            data = get(cluster, "configmap", ns, cm)["data"]
+            skewed = yaml.safe_load(data["decode.yaml"])
+            skewed["model"]["profile"] = "qwen3-next"
+            patch = {"data": {"decode.yaml": yaml.safe_dump(skewed)}}
+            cluster.kubectl("patch", "configmap", cm, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+            decode = next(p["metadata"]["name"] for p in pods(cluster, ns, "pure-kv")
+                          if p["metadata"]["labels"]["pdpair.io/role"] == "decode")
+            cluster.kubectl("delete", "pod", decode, "-n", ns, "--wait=true")
+
+            def refused() -> dict[str, Any] | None:
+                cond = condition(pdpair(cluster, ns, "pure-kv"), "TransferReady")
+                return cond if cond.get("status") == "False" else None
+
+            cond = wait_for("TransferReady=False from the agents", refused, timeout=120)
+            assert cond["reason"] and cond["message"], cond
+        finally:
+            stop.set()
