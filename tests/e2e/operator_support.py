@@ -1,0 +1,148 @@
+"""Helpers for the operator's end-to-end tests: the CRD, the operator as a subprocess, polling, and a
+test that plays the agents (patching each pod's ``pdpair.io/TransferReady`` as an agent would)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from devcluster import Cluster
+from devcluster.procs import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "pdpair.yaml"
+EXAMPLES = REPO / "examples"
+TRANSFER_READY = "pdpair.io/TransferReady"
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60, interval: float = 0.3) -> Any:
+    """Poll until ``fn()`` is truthy and return it; fail with ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    for _ in range(int(timeout / interval) + 2):
+        last = fn()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            break
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def install_crd(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/pdpairs.pdpair.io", "--timeout=60s")
+
+
+@contextmanager
+def running_operator(cluster: Cluster, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``pdpair-operator`` as a subprocess on the cluster's kubeconfig (stopped on exit)."""
+    argv = [str(REPO / ".venv" / "bin" / "pdpair-operator"), "--standalone", "--log-format", "full",
+            "--metrics-port", str(free_port()), *extra]
+    env = {**cluster.env(), "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def get(cluster: Cluster, kind: str, ns: str, *args: str) -> Any:
+    return cluster.kubectl_json("get", kind, "-n", ns, *args)
+
+
+def pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
+    return list(get(cluster, "pods", ns, "-l", f"pdpair.io/name={name}")["items"])
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return {}
+
+
+def pdpair(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    return dict(get(cluster, "pdpair", ns, name))
+
+
+def report(cluster: Cluster, ns: str, pod: str, status: str, reason: str, message: str) -> None:
+    """What ``dataplane.podstatus.PodStatusReporter`` sends, sent by the test."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = {"status": {"conditions": [{"type": TRANSFER_READY, "status": status, "reason": reason,
+                                       "message": message, "lastTransitionTime": now}]}}
+    cluster.kubectl("patch", "pod", pod, "-n", ns, "--subresource=status", "--type=strategic",
+                    "-p", json.dumps(body), check=False)
+
+
+class FakeAgents:
+    """Background thread: every Running pod of the PDPair reports TransferReady=True, like an agent that
+    completed its handshake. ``hold`` names pods that must stay silent."""
+
+    def __init__(self, cluster: Cluster, ns: str, name: str) -> None:
+        self.cluster, self.ns, self.name = cluster, ns, name
+        self.hold: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> FakeAgents:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                for pod in pods(self.cluster, self.ns, self.name):
+                    meta = pod["metadata"]
+                    if (meta["name"] in self.hold or meta.get("deletionTimestamp")
+                            or pod.get("status", {}).get("phase") != "Running"):
+                        continue
+                    if condition(pod, TRANSFER_READY).get("reason") != "HandshakeComplete":
+                        report(self.cluster, self.ns, meta["name"], "True", "HandshakeComplete", "test agent")
+            except Exception as exc:  # the API server may be busy; the next round retries
+                print(f"fake agents: {exc}", file=sys.stderr)
+
+
+def operator_metrics(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def pdpair_yaml(name: str, p: int, d: int, image: str = "ghcr.io/pdpair/agent:0.1.0", **extra: Any) -> str:
+    import yaml
+
+    spec: dict[str, Any] = {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "profile": "pure-kv", "pageSize": 16,
+                  "poolPages": 64, "maxRequests": 8},
+        "image": image,
+        "transfer": {"backend": "nixl", "device": "cpu"},
+        "prefill": {"replicas": p, "resources": {"gpus": 0}},
+        "decode": {"replicas": d, "resources": {"gpus": 0}},
+    }
+    spec.update(extra)
+    return yaml.safe_dump({"apiVersion": "pdpair.io/v1alpha1", "kind": "PDPair",
+                           "metadata": {"name": name}, "spec": spec})
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
