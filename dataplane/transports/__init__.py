@@ -1,0 +1,34 @@
+"""Transport layer: one ``Transport`` interface and one thin adapter per transfer engine.
+
+``NixlTransport`` (UCX; host memory and VRAM; runs anywhere) and ``MoriTransport`` (AMD MoRI-IO over
+RDMA) translate calls and map engine errors to ``dataplane.errors``; each imports its SDK lazily, so
+importing this package costs nothing. ``mori_double`` is the MoRI hardware TEST DOUBLE, for tests only.
+"""
+
+from .base import (
+    Device,
+    MemoryRegion,
+    Peer,
+    Transfer,
+    TransferState,
+    Transport,
+    Writes,
+    WriteSpec,
+    check_bounds,
+)
+from .mori import MoriTransport
+from .nixl import NixlTransport
+
+__all__ = [
+    "Device",
+    "MemoryRegion",
+    "MoriTransport",
+    "NixlTransport",
+    "Peer",
+    "Transfer",
+    "TransferState",
+    "Transport",
+    "WriteSpec",
+    "Writes",
+    "check_bounds",
+]

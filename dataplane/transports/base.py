@@ -1,0 +1,231 @@
+"""The one seam between the agent and a transfer engine: ``Transport`` and its small value types.
+
+An adapter (NIXL, MoRI) only translates: it registers memory, hands out opaque blobs the peer needs,
+starts one-sided writes and reports their state. Everything above — handshake, planning, completion
+notices, deadline policy — lives in the agent and is written once.
+
+What the base class owns, so no adapter can forget it:
+
+- bounds: every write is checked against the local and remote region sizes *before* the engine sees it
+  (``PlanError``); nothing out of bounds ever reaches an engine;
+- deadlines: ``wait`` polls until done, failed or past the deadline, and on a deadline aborts the
+  transfer (a frozen peer over TCP never completes it) before raising ``DeadlineExceeded``.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+
+from ..errors import BadInput, DeadlineExceeded, PlanError, TransferFailed
+
+Device = Literal["cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class MemoryRegion:
+    """A contiguous buffer this process owns; ``addr`` is a raw pointer (host or device)."""
+
+    addr: int
+    size: int
+    device: Device = "cpu"
+    device_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.addr <= 0 or self.size <= 0:
+            raise BadInput(f"memory region needs a positive address and size, got {self.addr:#x}+{self.size}")
+        if self.device not in ("cpu", "cuda"):
+            raise BadInput(f"memory region device must be 'cpu' or 'cuda', got {self.device!r}")
+
+
+class WriteSpec(Protocol):
+    """Parallel arrays, one entry per write; the planner's ``WritePlan`` has exactly these."""
+
+    local_region: Any
+    local_offset: Any
+    remote_region: Any
+    remote_offset: Any
+    size: Any
+
+
+@dataclass(frozen=True)
+class Writes:
+    """Validated, contiguous parallel arrays (int32 region ids, int64 offsets and sizes)."""
+
+    local_region: np.ndarray
+    local_offset: np.ndarray
+    remote_region: np.ndarray
+    remote_offset: np.ndarray
+    size: np.ndarray
+
+    @classmethod
+    def of(cls, spec: WriteSpec) -> Writes:
+        """Normalise a plan (or anything with the five arrays) and check their shapes."""
+        arrays = [
+            np.ascontiguousarray(getattr(spec, name), dtype=np.int32 if name.endswith("region") else np.int64)
+            for name in ("local_region", "local_offset", "remote_region", "remote_offset", "size")
+        ]
+        n = arrays[0].shape
+        if any(a.ndim != 1 or a.shape != n for a in arrays):
+            raise PlanError(f"write arrays must be 1-D and of one length, got {[a.shape for a in arrays]}")
+        return cls(*arrays)
+
+    def subset(self, mask: np.ndarray) -> Writes:
+        return Writes(*(a[mask] for a in (self.local_region, self.local_offset, self.remote_region,
+                                           self.remote_offset, self.size)))
+
+    def __len__(self) -> int:
+        return int(self.size.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.size.sum())
+
+
+def check_bounds(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray) -> None:
+    """Raise ``PlanError`` unless every write lies inside its local and remote region."""
+    if len(writes) == 0:
+        return
+    if np.any(writes.size <= 0) or np.any(writes.local_offset < 0) or np.any(writes.remote_offset < 0):
+        raise PlanError("write sizes must be positive and offsets non-negative")
+    for side, ids, offs, sizes in (
+        ("local", writes.local_region, writes.local_offset, local_sizes),
+        ("remote", writes.remote_region, writes.remote_offset, remote_sizes),
+    ):
+        bad = (ids < 0) | (ids >= len(sizes))
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise PlanError(f"write {i}: {side} region {int(ids[i])} not in 0..{len(sizes) - 1}")
+        over = offs + writes.size > sizes[ids]
+        if np.any(over):
+            i = int(np.argmax(over))
+            raise PlanError(
+                f"write {i}: {side} region {int(ids[i])} [{int(offs[i])}, +{int(writes.size[i])}) "
+                f"overflows its {int(sizes[ids[i]])} bytes"
+            )
+
+
+class TransferState(enum.Enum):
+    IN_PROGRESS = "in_progress"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(eq=False)
+class Peer:
+    """A connected remote engine; adapters subclass it to keep their engine handles."""
+
+    peer_id: str
+    remote_sizes: np.ndarray
+    """int64 size of each remote region, in the order the peer registered them."""
+    connected: bool = True
+
+
+@dataclass(eq=False)
+class Transfer:
+    """One started batch of writes. ``error`` is set (a ``TransferFailed``) once ``state`` is FAILED."""
+
+    peer: Peer
+    count: int
+    nbytes: int
+    state: TransferState = TransferState.IN_PROGRESS
+    error: TransferFailed | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def fail(self, error: TransferFailed) -> TransferState:
+        self.state, self.error = TransferState.FAILED, error
+        return self.state
+
+
+class Transport(ABC):
+    """One engine behind one small interface. Not thread-safe: one agent thread drives it."""
+
+    name: ClassVar[str]
+    _local_sizes: np.ndarray = np.zeros(0, dtype=np.int64)
+
+    @abstractmethod
+    def endpoint(self) -> bytes:
+        """Opaque blob the peer passes to ``connect`` to reach this engine."""
+
+    def register(self, regions: Sequence[MemoryRegion]) -> list[bytes]:
+        """Register local memory once; returns one opaque descriptor blob per region, in order.
+
+        Region ids in writes index this sequence."""
+        if len(self._local_sizes):
+            raise BadInput(f"{self.name}: memory is already registered (register once per transport)")
+        if not regions:
+            raise BadInput(f"{self.name}: register needs at least one region")
+        blobs = self._register(list(regions))
+        self._local_sizes = np.array([r.size for r in regions], dtype=np.int64)
+        return blobs
+
+    @abstractmethod
+    def _register(self, regions: list[MemoryRegion]) -> list[bytes]: ...
+
+    @abstractmethod
+    def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> Peer:
+        """Make the peer's engine and its regions (blobs from its ``register``) reachable."""
+
+    @abstractmethod
+    def disconnect(self, peer: Peer) -> None:
+        """Forget the peer; idempotent. Its in-flight transfers may fail."""
+
+    def write(self, peer: Peer, writes: WriteSpec | Writes) -> Transfer:
+        """Start one-sided writes local → remote without blocking; bounds-checked first."""
+        batch = writes if isinstance(writes, Writes) else Writes.of(writes)
+        if not peer.connected:
+            raise BadInput(f"{self.name}: peer {peer.peer_id!r} is disconnected")
+        check_bounds(batch, self._local_sizes, peer.remote_sizes)
+        if len(batch) == 0:
+            return Transfer(peer, 0, 0, TransferState.DONE)
+        return self._start(peer, batch)
+
+    @abstractmethod
+    def _start(self, peer: Peer, writes: Writes) -> Transfer: ...
+
+    @abstractmethod
+    def poll(self, transfer: Transfer) -> TransferState:
+        """Current state, without blocking; on FAILED, ``transfer.error`` says why."""
+
+    @abstractmethod
+    def abort(self, transfer: Transfer) -> None:
+        """Release the transfer's engine resources, cancelling it if still running; idempotent."""
+
+    def wait(self, transfer: Transfer, deadline: float) -> None:
+        """Block until done (``time.monotonic`` deadline). Raises ``DeadlineExceeded`` (after aborting
+        the transfer), ``PeerGone`` or ``TransferFailed``."""
+        pause = 20e-6
+        while True:
+            state = self.poll(transfer)
+            if state is TransferState.DONE:
+                return
+            if state is TransferState.FAILED:
+                assert transfer.error is not None
+                raise transfer.error
+            now = time.monotonic()
+            if now >= deadline:
+                self.abort(transfer)
+                error = DeadlineExceeded(
+                    f"{self.name}: {transfer.count} writes ({transfer.nbytes} B) to "
+                    f"{transfer.peer.peer_id!r} not done after {now - transfer.started:.3f}s"
+                )
+                transfer.fail(error)
+                raise error
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 1e-3)
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release every engine resource; idempotent."""
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

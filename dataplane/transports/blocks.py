@@ -1,0 +1,48 @@
+"""Block arithmetic for engines that address memory by index into prepared descriptor lists (NIXL).
+
+A batch of writes whose offsets and sizes are all multiples of ``g`` can be expressed as indices into
+lists that cut every region into ``g``-byte blocks. Pure numpy, no engine: unit-testable on its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Writes
+
+
+def block_size(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray, limit: int) -> int | None:
+    """The largest block size that expresses every write, or None when the lists (or the index arrays)
+    would exceed ``limit`` entries — then exact descriptors are the cheaper route."""
+    g = int(np.gcd.reduce(np.concatenate([writes.local_offset, writes.remote_offset, writes.size])))
+    worst = max(int(local_sizes.sum()), int(remote_sizes.sum()), writes.nbytes) // g
+    return g if worst <= limit else None
+
+
+def layout(sizes: np.ndarray, mask: np.ndarray, block: int) -> np.ndarray:
+    """First block index of each region in the list of the ``mask`` regions (others hold no blocks)."""
+    counts = np.where(mask, sizes.astype(np.int64) // block, 0)
+    return np.cumsum(counts) - counts
+
+
+def strided_rows(descs: np.ndarray, mask: np.ndarray, block: int) -> np.ndarray:
+    """NIXL's compressed list form, one row per region: (addr, block, dev, stride=block, count)."""
+    counts = descs[:, 1].astype(np.int64) // block
+    keep = mask & (counts > 0)
+    rows = np.empty((int(keep.sum()), 5), dtype=np.uint64)
+    rows[:, 0] = descs[keep, 0]
+    rows[:, 1] = block
+    rows[:, 2] = descs[keep, 2]
+    rows[:, 3] = block
+    rows[:, 4] = counts[keep]
+    return rows
+
+
+def block_indices(
+    region: np.ndarray, offset: np.ndarray, size: np.ndarray, bases: np.ndarray, block: int
+) -> np.ndarray:
+    """int32 indices of every block each write covers, writes in order, blocks ascending."""
+    n = size // block
+    starts = bases[region] + offset // block
+    first = np.cumsum(n) - n
+    return (np.repeat(starts - first, n) + np.arange(int(n.sum()))).astype(np.int32)

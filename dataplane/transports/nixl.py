@@ -1,0 +1,245 @@
+"""NIXL adapter: host memory (DRAM) and VRAM over UCX, one NIXL agent per transport.
+
+Translation only. Writes go through pre-prepared descriptor lists: for a batch whose offsets and sizes
+share a block size ``g``, every region is prepared once (per peer, per ``g``) as a strided list of
+``g``-byte blocks, and each request is just two index arrays for ``make_prepped_xfer`` (NIXL merges
+adjacent blocks back into large transfers). Batches whose block size would make those lists huge
+fall back to exact descriptors (``initialize_xfer``).
+
+Peers' region descriptors are our own msgpack ``[addr, size, dev_id, mem_type]``, decoded with
+msgspec: NIXL's ``get_serialized_descs`` / ``deserialize_descs`` use pickle and never see peer bytes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+
+from ..config import NixlConfig
+from ..errors import PDPairError, PeerGone, TransferFailed, WireFormatError
+from . import blocks
+from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
+
+SDK_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl._api")
+MemType = Literal["DRAM", "VRAM"]
+RemoteDesc = tuple[int, int, int, MemType]
+_decode_desc = msgspec.msgpack.Decoder(RemoteDesc)
+_encode = msgspec.msgpack.Encoder()
+
+
+def load_sdk() -> ModuleType:
+    """The first NIXL python API that imports (CUDA 12 wheel, CUDA 13 wheel, meta package)."""
+    for name in SDK_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise TransferFailed(f"NIXL is not installed (tried {', '.join(SDK_MODULES)})")
+
+
+def _mapped(exc: Exception, what: str) -> TransferFailed:
+    if type(exc).__name__ == "nixlRemoteDisconnectError":
+        return PeerGone(f"nixl: {what}: peer disconnected ({exc})")
+    return TransferFailed(f"nixl: {what}: {type(exc).__name__}: {exc}")
+
+
+@dataclass(eq=False)
+class NixlPeer(Peer):
+    agent_name: str = ""
+    descs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.uint64))
+    mem: tuple[MemType, ...] = ()
+    prepped: dict[tuple[MemType, int], Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class NixlTransfer(Transfer):
+    handles: list[Any] = field(default_factory=list)
+
+
+class NixlTransport(Transport):
+    """``name`` must be unique among the agents that talk to each other (it names the NIXL agent)."""
+
+    name = "nixl"
+    prep_limit = 1 << 20
+    """Most blocks one prepared list may hold; beyond it, exact descriptors are cheaper."""
+
+    def __init__(self, agent_name: str, config: NixlConfig | None = None, *, sdk: ModuleType | None = None):
+        config = config or NixlConfig()
+        # UCX reads its configuration from the environment when the backend is created, and NIXL
+        # offers no other way to pass it: this constructor is the one place that writes os.environ.
+        for var, value in (("UCX_TLS", config.ucx_tls), ("UCX_NET_DEVICES", config.ucx_net_devices)):
+            if value is not None:
+                os.environ[var] = value
+        self._sdk = sdk or load_sdk()
+        conf = self._sdk.nixl_agent_config(enable_listen_thread=False, backends=list(config.backends))
+        try:
+            self._agent = self._sdk.nixl_agent(agent_name, conf)
+        except Exception as exc:
+            raise _mapped(exc, "create agent") from exc
+        self._closed = False
+        self._reg: list[Any] = []
+        self._descs = np.zeros((0, 3), dtype=np.uint64)
+        self._mem: tuple[MemType, ...] = ()
+        self._local_prepped: dict[tuple[MemType, int], Any] = {}
+        self._peers: list[NixlPeer] = []
+
+    def endpoint(self) -> bytes:
+        return bytes(self._agent.get_agent_metadata())
+
+    def _register(self, regions: list[MemoryRegion]) -> list[bytes]:
+        mem: tuple[MemType, ...] = tuple("VRAM" if r.device == "cuda" else "DRAM" for r in regions)
+        for kind in sorted(set(mem)):
+            rows = [(r.addr, r.size, r.device_id, "") for r, m in zip(regions, mem, strict=True) if m == kind]
+            try:
+                self._reg.append(self._agent.register_memory(rows, kind))
+            except Exception as exc:
+                raise _mapped(exc, f"register {kind}") from exc
+        self._descs = np.array([(r.addr, r.size, r.device_id) for r in regions], dtype=np.uint64)
+        self._mem = mem
+        return [_encode.encode((r.addr, r.size, r.device_id, m)) for r, m in zip(regions, mem, strict=True)]
+
+    def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> NixlPeer:
+        try:
+            descs = [_decode_desc.decode(blob) for blob in remote_regions]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise WireFormatError(f"nixl: peer {peer_id!r} sent a bad region descriptor: {exc}") from exc
+        if any(addr <= 0 or size <= 0 or dev < 0 for addr, size, dev, _ in descs):
+            raise WireFormatError(f"nixl: peer {peer_id!r} sent a region with a bad address, size or device")
+        try:
+            agent_name = self._agent.add_remote_agent(bytes(endpoint))
+        except Exception as exc:
+            raise WireFormatError(f"nixl: peer {peer_id!r} sent unusable agent metadata: {exc}") from exc
+        peer = NixlPeer(
+            peer_id,
+            np.array([d[1] for d in descs], dtype=np.int64),
+            agent_name=agent_name if isinstance(agent_name, str) else agent_name.decode(),
+            descs=np.array([d[:3] for d in descs], dtype=np.uint64).reshape(-1, 3),
+            mem=tuple(d[3] for d in descs),
+        )
+        self._peers.append(peer)
+        return peer
+
+    def disconnect(self, peer: Peer) -> None:
+        assert isinstance(peer, NixlPeer)
+        if not peer.connected:
+            return
+        peer.connected = False
+        self._peers.remove(peer)
+        errors = [self._quietly(h.release) for h in peer.prepped.values()]
+        peer.prepped.clear()
+        errors.append(self._quietly(self._agent.remove_remote_agent, peer.agent_name))
+        if any(errors):
+            raise TransferFailed(f"nixl: disconnecting {peer.peer_id!r}: {next(e for e in errors if e)}")
+
+    def _start(self, peer: Peer, writes: Writes) -> NixlTransfer:
+        assert isinstance(peer, NixlPeer)
+        transfer = NixlTransfer(peer, len(writes), writes.nbytes)
+        lmem, rmem = np.array(self._mem), np.array(peer.mem)
+        pairs = set(zip(lmem[writes.local_region], rmem[writes.remote_region], strict=True))
+        try:
+            for lm, rm in sorted(pairs):
+                sel = (lmem[writes.local_region] == lm) & (rmem[writes.remote_region] == rm)
+                transfer.handles.append(self._post(peer, writes.subset(sel), lm, rm))
+        except PDPairError:
+            self.abort(transfer)
+            raise
+        except Exception as exc:
+            self.abort(transfer)
+            raise _mapped(exc, f"write to {peer.peer_id!r}") from exc
+        return transfer
+
+    def _post(self, peer: NixlPeer, w: Writes, lm: MemType, rm: MemType) -> Any:
+        g = blocks.block_size(w, self._local_sizes, peer.remote_sizes, self.prep_limit)
+        if g is None:
+            local = _exact(self._descs, w.local_region, w.local_offset, w.size)
+            remote = _exact(peer.descs, w.remote_region, w.remote_offset, w.size)
+            local, remote = self._agent.get_xfer_descs(local, lm), self._agent.get_xfer_descs(remote, rm)
+            handle = self._agent.initialize_xfer("WRITE", local, remote, peer.agent_name)
+        else:
+            lmask, rmask = np.array(self._mem) == lm, np.array(peer.mem) == rm
+            lside = self._prepped(self._local_prepped, "", self._descs, lmask, lm, g)
+            rside = self._prepped(peer.prepped, peer.agent_name, peer.descs, rmask, rm, g)
+            lidx = blocks.block_indices(
+                w.local_region, w.local_offset, w.size, blocks.layout(self._local_sizes, lmask, g), g
+            )
+            ridx = blocks.block_indices(
+                w.remote_region, w.remote_offset, w.size, blocks.layout(peer.remote_sizes, rmask, g), g
+            )
+            handle = self._agent.make_prepped_xfer("WRITE", lside, lidx, rside, ridx)
+        if self._agent.transfer(handle) == "ERR":
+            handle.release()
+            raise TransferFailed(f"nixl: posting {len(w)} writes to {peer.peer_id!r} failed")
+        return handle
+
+    def _prepped(
+        self, cache: dict[tuple[MemType, int], Any], agent: str, descs: np.ndarray, mask: np.ndarray,
+        kind: MemType, block: int,
+    ) -> Any:
+        """The prepared list of ``kind`` regions cut in ``block``-byte blocks, made once and cached."""
+        if (kind, block) not in cache:
+            rows = blocks.strided_rows(descs, mask, block)
+            cache[kind, block] = self._agent.prep_xfer_dlist(agent, rows, kind)
+        return cache[kind, block]
+
+    def poll(self, transfer: Transfer) -> TransferState:
+        assert isinstance(transfer, NixlTransfer)
+        if transfer.state is not TransferState.IN_PROGRESS:
+            return transfer.state
+        try:
+            states = [self._agent.check_xfer_state(h) for h in transfer.handles]
+        except Exception as exc:
+            self.abort(transfer)
+            return transfer.fail(_mapped(exc, f"write to {transfer.peer.peer_id!r}"))
+        if "ERR" in states:
+            self.abort(transfer)
+            return transfer.fail(TransferFailed(f"nixl: write to {transfer.peer.peer_id!r} failed"))
+        if all(s == "DONE" for s in states):
+            self.abort(transfer)
+            transfer.state = TransferState.DONE
+        return transfer.state
+
+    def abort(self, transfer: Transfer) -> None:
+        assert isinstance(transfer, NixlTransfer)
+        handles, transfer.handles = transfer.handles, []
+        if transfer.state is TransferState.IN_PROGRESS:
+            transfer.fail(TransferFailed(f"nixl: transfer to {transfer.peer.peer_id!r} aborted"))
+        for handle in handles:
+            # A handle NIXL cannot cancel yet stays on the agent's leak list, freed when it closes.
+            self._quietly(handle.release)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for peer in list(self._peers):
+            self._quietly(self.disconnect, peer)
+        for handle in self._local_prepped.values():
+            self._quietly(handle.release)
+        self._local_prepped.clear()
+        for reg in self._reg:
+            self._quietly(self._agent.deregister_memory, reg)
+        self._reg.clear()
+
+    @staticmethod
+    def _quietly(fn: Any, *args: Any) -> Exception | None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            return exc
+        return None
+
+
+def _exact(descs: np.ndarray, region: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Nx3 (addr, len, dev) rows for exactly the given writes."""
+    rows = np.empty((len(size), 3), dtype=np.uint64)
+    rows[:, 0] = descs[region, 0] + offset.astype(np.uint64)
+    rows[:, 1] = size
+    rows[:, 2] = descs[region, 2]
+    return rows
