@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from .. import codec
-from ..planner import PeerLayout, RequestIndices, contiguous_runs, plan_request, slice_byte_blocks
+from ..planner import (
+    PeerLayout,
+    RequestIndices,
+    WritePlan,
+    contiguous_runs,
+    plan_request,
+    slice_byte_blocks,
+)
 from ..schema import RoleSchema
 from ..schema.profiles import profile
 from . import sglang_ref
@@ -234,7 +241,7 @@ def scenarios(ref: ModuleType) -> dict[str, tuple[Callable[[], object], Callable
     )
     groups = list(conv.conv_shard_groups)
 
-    def ours_request() -> object:
+    def ours_request() -> WritePlan:
         m = codec.decode_metadata(codec.encode_metadata(meta))
         return plan_request(
             same.local,
@@ -249,6 +256,15 @@ def scenarios(ref: ModuleType) -> dict[str, tuple[Callable[[], object], Callable
         return sglang_plan(ref, same)
 
     return {
+        "request: metadata encode+decode + plan": (ours_request, sglang_request),
+        "plan request (equal TP)": (
+            lambda: plan_request(same.local, peer, req),
+            lambda: sglang_plan(ref, same),
+        ),
+        "plan request (TP1->2, rank 1, 786K writes)": (
+            lambda: plan_request(tp2.local, peer2, tp2.request()),
+            lambda: sglang_plan_tp(ref, tp2),
+        ),
         "pack_int_lists (72 state item lens)": (
             lambda: codec.pack_int_lists(item_lens, "I"),
             lambda: ref.pack_int_lists(item_lens, "I"),
@@ -282,15 +298,6 @@ def scenarios(ref: ModuleType) -> dict[str, tuple[Callable[[], object], Callable
             lambda: codec.decode_metadata(codec.encode_metadata(meta)),
             lambda: ref.TransferInfo.from_zmq(ref.build_receiver_metadata_message(recv, **recv_meta)[1:]),
         ),
-        "plan request (equal TP)": (
-            lambda: plan_request(same.local, peer, req),
-            lambda: sglang_plan(ref, same),
-        ),
-        "plan request (TP1->2, decode rank 1)": (
-            lambda: plan_request(tp2.local, peer2, tp2.request()),
-            lambda: sglang_plan_tp(ref, tp2),
-        ),
-        "request: metadata encode+decode + plan": (ours_request, sglang_request),
     }
 
 

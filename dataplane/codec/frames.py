@@ -32,6 +32,9 @@ def check_frames(frames: Sequence[bytes], *, kind: str, min_frames: int) -> list
         raise WireFormatError(f"{kind}: expected a sequence of frames, got a single {type(frames).__name__}")
     out: list[bytes] = []
     for i, frame in enumerate(frames):
+        if type(frame) is bytes:
+            out.append(frame)
+            continue
         if isinstance(frame, str):
             raise WireFormatError(f"{kind}: frame {i} is a str, not bytes")
         try:
@@ -48,16 +51,24 @@ def check_frames(frames: Sequence[bytes], *, kind: str, min_frames: int) -> list
 
 def int_frame(value: int, *, field: str, lo: int = 0, hi: int = U64_MAX) -> bytes:
     """An integer as sglang sends it: ASCII decimal."""
+    if type(value) is int and lo <= value <= hi:
+        return b"%d" % value
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise WireFormatError(f"{field}: {value!r} is not an integer in {lo}..{hi}")
-    return str(value).encode("ascii")
+    return b"%d" % int(value)
 
 
 def parse_int(frame: bytes, *, field: str, lo: int = 0, hi: int = U64_MAX) -> int:
-    """Strict ASCII decimal (optional leading ``-``, at most 20 digits) within ``lo..hi``."""
-    if not _DECIMAL.fullmatch(frame):
+    """Strict ASCII decimal (optional leading ``-``, at most 20 digits) within ``lo..hi``.
+
+    ``bytes.isdigit`` admits ASCII digits only, so plain digit strings skip the regex; ``int()`` alone
+    would also take signs, spaces and underscores."""
+    if type(frame) is bytes and frame.isdigit() and len(frame) <= MAX_INT_DIGITS:
+        value = int(frame)
+    elif not _DECIMAL.fullmatch(frame):
         raise WireFormatError(f"{field}: expected an ASCII decimal integer, got {frame[:32]!r}")
-    value = int(frame)
+    else:
+        value = int(frame)
     if not lo <= value <= hi:
         raise WireFormatError(f"{field}: {value} out of range {lo}..{hi}")
     return value
@@ -66,6 +77,8 @@ def parse_int(frame: bytes, *, field: str, lo: int = 0, hi: int = U64_MAX) -> in
 def str_frame(value: str, *, field: str) -> bytes:
     if not isinstance(value, str):
         raise WireFormatError(f"{field}: expected a string, got {type(value).__name__}")
+    if value.isascii() and value.isprintable():
+        return value.encode("ascii")
     raw = value.encode("ascii", errors="replace")
     if not _PRINTABLE_ASCII.fullmatch(raw) or raw != value.encode("utf-8"):
         raise WireFormatError(f"{field}: {value[:64]!r} is not printable ASCII")
@@ -74,6 +87,10 @@ def str_frame(value: str, *, field: str) -> bytes:
 
 def parse_str(frame: bytes, *, field: str) -> str:
     """A printable-ASCII frame (addresses, engine keys)."""
+    if type(frame) is bytes and frame.isascii():
+        text = frame.decode("ascii")
+        if text.isprintable():
+            return text
     if not _PRINTABLE_ASCII.fullmatch(frame):
         raise WireFormatError(f"{field}: expected printable ASCII, got {frame[:32]!r}")
     return frame.decode("ascii")

@@ -48,9 +48,23 @@ class TransferMetadata(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     decode_prefix_len: int | None = None
 
 
+_NO_STATE = np.empty(0, dtype=np.int32)
+
+
+def _flat(entry: Any | None) -> Any:
+    """One component's indices as a flat sequence: 1-D arrays and plain lists pass as they are (the
+    packer checks them), anything else is flattened through numpy as before."""
+    if entry is None:
+        return _NO_STATE
+    if (type(entry) is np.ndarray and entry.ndim == 1) or (
+        type(entry) in (list, tuple) and all(type(v) is int for v in entry)
+    ):
+        return entry
+    return np.asarray(entry).ravel()
+
+
 def _state_frame(state: Sequence[Any | None]) -> bytes:
-    lists = [np.empty(0, dtype=np.int32) if s is None else np.asarray(s).ravel() for s in state]
-    return pack_int_lists(lists, "i", what="dst_state_indices")
+    return pack_int_lists([_flat(s) for s in state], "i", what="dst_state_indices")
 
 
 def encode_metadata(msg: TransferMetadata) -> list[bytes]:

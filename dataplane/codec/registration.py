@@ -33,7 +33,7 @@ from .frames import (
     parse_str,
     str_frame,
 )
-from .ints import pack_array, pack_int_lists, unpack_array, unpack_int_lists
+from .ints import pack_array, pack_int_lists, unpack_int_tuples, unpack_tuple
 from .manifest import Manifest, decode_manifest, encode_manifest, is_manifest_frame
 
 REGISTRATION_FRAMES = 18
@@ -163,9 +163,9 @@ def _opt(frames: list[bytes], i: int) -> bytes:
 
 def _int_lists(frame: bytes, *, field: str, flat: bool) -> IntLists:
     if flat:
-        values = unpack_array(frame, "I", what=field)
-        return (tuple(values.tolist()),) if values.size else ()
-    return tuple(tuple(a.tolist()) for a in unpack_int_lists(frame, "I", what=field))
+        values = unpack_tuple(frame, "I", what=field)
+        return (values,) if values else ()
+    return unpack_int_tuples(frame, "I", what=field)
 
 
 def decode_registration(frames: Sequence[bytes]) -> Registration:
@@ -195,7 +195,7 @@ def decode_registration(frames: Sequence[bytes]) -> Registration:
         dcp_size=parse_int(opt_size, field="dcp_size", lo=1, hi=I32_MAX) if opt_size else 1,
         dcp_rank=parse_int(_opt(f, 15), field="dcp_rank", hi=I32_MAX) if _opt(f, 15) else 0,
         dst_state_layer_ids=_int_lists(_opt(f, 16), field="dst_state_layer_ids", flat=False),
-        dst_kv_layer_ids=tuple(unpack_array(_opt(f, 17), "I", what="dst_kv_layer_ids").tolist()),
+        dst_kv_layer_ids=unpack_tuple(_opt(f, 17), "I", what="dst_kv_layer_ids"),
         legacy_flat_state=flat,
     )
     _check_shape(reg)

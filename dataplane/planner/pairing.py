@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +20,7 @@ from ..errors import PlanError
 from ..schema import AUX_COMPONENT, KV_COMPONENT, Component, RoleSchema, SendRule
 from .layout import PeerComponent, PeerLayout
 from .slicing import Block, slice_byte_blocks
+from .tables import GroupTable, Tables
 
 __all__ = ["Pairing", "TensorGroup", "pair_entries"]
 
@@ -77,6 +78,18 @@ class TensorGroup:
     block_remote_region: npt.NDArray[np.int32]
     block_local_item: I64
     block_remote_item: I64
+    table: GroupTable = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        table = GroupTable.build(
+            (self.block_local_region, self.block_remote_region),
+            (self.block_local_item, self.block_remote_item),
+            (self.block_src, self.block_dst),
+            self.block_size,
+            self.component,
+            self.whole,
+        )
+        object.__setattr__(self, "table", table)
 
     @classmethod
     def build(
@@ -145,6 +158,12 @@ class Pairing:
     components: tuple[TensorGroup, ...]
     local_sizes: I64
     remote_sizes: I64
+    tables: Tables = field(init=False, repr=False)
+    """Every group's table in canonical order: KV, aux, then the components."""
+
+    def __post_init__(self) -> None:
+        groups = (self.kv, self.aux, *self.components)
+        object.__setattr__(self, "tables", Tables.build([g.table for g in groups]))
 
     @classmethod
     def build(cls, local: RoleSchema, peer: PeerLayout) -> Pairing:

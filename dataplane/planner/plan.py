@@ -3,13 +3,15 @@
 Transports consume the arrays directly (region ids index the canonical region order of each side:
 ``RoleSchema.regions()`` locally, ``PeerLayout.regions()`` remotely), so a plan of thousands of
 writes costs a handful of array allocations, never a Python object per write.
+
+The constructor trusts its arrays (the planner's own are correctly typed by construction); ``build``
+is the checked entry point for anything else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,12 +46,14 @@ class WritePlan:
     size: npt.NDArray[np.int64]
     component: npt.NDArray[np.int16]
 
-    def __post_init__(self) -> None:
+    def check(self) -> WritePlan:
+        """Raise ``ValueError`` unless every column is 1-D, of its canonical dtype and of one length."""
         n = len(self.size)
         for name, dtype in _FIELDS:
             arr = getattr(self, name)
             if arr.dtype != dtype or arr.ndim != 1 or len(arr) != n:
                 raise ValueError(f"WritePlan.{name} must be a 1-D {np.dtype(dtype)} array of length {n}")
+        return self
 
     @classmethod
     def build(
@@ -68,14 +72,20 @@ class WritePlan:
             np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
             for v, (_, dtype) in zip(values, _FIELDS, strict=True)
         ]
-        return cls(*arrays)
+        return cls(*arrays).check()
 
     @classmethod
-    def trusted(cls, *arrays: npt.NDArray[Any]) -> WritePlan:
-        """Construct without the dtype/shape checks, for the planner's own correctly typed arrays."""
-        plan = cls.__new__(cls)
-        plan.__dict__.update(zip(_NAMES, arrays, strict=True))
-        return plan
+    def trusted(
+        cls,
+        local_region: npt.NDArray[np.int32],
+        local_offset: npt.NDArray[np.int64],
+        remote_region: npt.NDArray[np.int32],
+        remote_offset: npt.NDArray[np.int64],
+        size: npt.NDArray[np.int64],
+        component: npt.NDArray[np.int16],
+    ) -> WritePlan:
+        """The planner's own, correctly typed arrays (kept as a named entry point for readers)."""
+        return cls(local_region, local_offset, remote_region, remote_offset, size, component)
 
     @classmethod
     def empty(cls) -> WritePlan:
@@ -88,7 +98,7 @@ class WritePlan:
             return cls.empty()
         if len(parts) == 1:
             return parts[0]
-        return cls.trusted(*(np.concatenate([p.__dict__[name] for p in parts]) for name in _NAMES))
+        return cls.trusted(*(np.concatenate([getattr(p, name) for p in parts]) for name in _NAMES))
 
     def __len__(self) -> int:
         return len(self.size)
@@ -109,7 +119,7 @@ class WritePlan:
         return {int(c): int(n) for c, n in zip(ids, counts, strict=True)}
 
     def select(self, mask: npt.NDArray[np.bool_]) -> WritePlan:
-        return WritePlan(*(getattr(self, name)[mask] for name, _ in _FIELDS))
+        return WritePlan(*(getattr(self, name)[mask] for name in _NAMES))
 
     def rows(self) -> list[tuple[int, int, int, int, int, int]]:
         """Plain tuples, for tests and debugging output (not for the hot path)."""

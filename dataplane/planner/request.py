@@ -16,10 +16,11 @@ import numpy.typing as npt
 
 from ..errors import PlanError
 from ..schema import RoleSchema
+from .assemble import Part, assemble
 from .layout import PeerLayout, RequestIndices
 from .pairing import Pairing
 from .plan import WritePlan
-from .rules import plan_group
+from .rules import checked
 
 __all__ = ["pairing_for", "plan_request"]
 
@@ -47,16 +48,18 @@ def plan_request(
     an empty plan, which the caller completes at once.
     """
     pr = pairing or pairing_for(local, peer)
-    parts = [plan_group(pr.kv, req.src_kv, req.dst_kv)] if req.src_kv.size or req.dst_kv.size else []
+    parts: list[Part] = []
+    if (req.src_kv.size or req.dst_kv.size) and len(pr.kv):
+        parts.append((0, *checked(pr.kv, req.src_kv, req.dst_kv)))
     if (req.src_aux is None) != (req.dst_aux is None):
         raise PlanError(f"aux: index given on one side only (prefill {req.src_aux}, decode {req.dst_aux})")
-    if req.src_aux is not None and req.dst_aux is not None:
-        parts.append(plan_group(pr.aux, _one(req.src_aux), _one(req.dst_aux)))
+    if req.src_aux is not None and req.dst_aux is not None and len(pr.aux):
+        parts.append((1, *checked(pr.aux, _one(req.src_aux), _one(req.dst_aux))))
     src_state, dst_state = _states(req.src_state, pr, "prefill"), _states(req.dst_state, pr, "decode")
-    for group, src, dst in zip(pr.components, src_state, dst_state, strict=True):
-        if src is not None and dst is not None and src.size and dst.size:
-            parts.append(plan_group(group, src, dst))
-    return WritePlan.concat(parts)
+    for ci, (group, src, dst) in enumerate(zip(pr.components, src_state, dst_state, strict=True)):
+        if src is not None and dst is not None and src.size and dst.size and len(group):
+            parts.append((2 + ci, *checked(group, src, dst)))
+    return assemble(pr.tables, parts)
 
 
 def _one(index: int) -> npt.NDArray[np.int32]:

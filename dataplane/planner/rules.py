@@ -1,9 +1,12 @@
-"""The send rules as one table: ``SendRule`` → planning function. A new state type is one registry
-entry in ``dataplane.schema.registry``; a new *rule* is one function here plus one ``RULES`` entry.
+"""The send rules as one table: ``SendRule`` → check of one request's paired indices. A new state type
+is one registry entry in ``dataplane.schema.registry``; a new *rule* is one function here plus one
+``CHECKS`` entry.
 
-Each function takes a prepared ``TensorGroup`` and the paired index arrays of one request and returns
-its writes: whole-item groups coalesce contiguous runs into one write per run per tensor; sliced groups
-(TP mismatch) write each block of each item.
+Each check takes a prepared ``TensorGroup`` and the paired index arrays of one request and returns the
+pair to plan (a paged pair with a one-page drift comes back truncated); ``checked`` then requires every
+index to address an item on its side. ``assemble`` turns checked pairs into writes: whole-item groups
+coalesce contiguous runs into one write per run per tensor; sliced groups (TP mismatch) write each block
+of each item. ``RULES``/``plan_group`` plan one group on its own.
 """
 
 from __future__ import annotations
@@ -16,23 +19,35 @@ import numpy.typing as npt
 
 from ..errors import PlanError
 from ..schema import SendRule
+from .assemble import assemble
 from .pairing import TensorGroup
 from .plan import WritePlan
-from .runs import contiguous_runs
+from .tables import Tables
 
-__all__ = ["RULES", "check_indices", "plan_group"]
+__all__ = ["CHECKS", "RULES", "check_indices", "checked", "plan_group"]
 
 log = logging.getLogger(__name__)
 Indices = npt.NDArray[np.int32]
+Pair = tuple[Indices, Indices]
+Check = Callable[[TensorGroup, Indices, Indices], Pair]
 Rule = Callable[[TensorGroup, Indices, Indices], WritePlan]
+_I32 = np.dtype(np.int32)
+
+
+def _in_range(idx: Indices, limit: int) -> bool:
+    if idx.size == 1:
+        return 0 <= int(idx.flat[0]) < limit
+    if idx.size == 0:
+        return True
+    if idx.dtype == _I32 and limit <= 2**31:
+        return int(idx.view(np.uint32).max()) < limit
+    return int(idx.min()) >= 0 and int(idx.max()) < limit
 
 
 def check_indices(idx: Indices, limit: int, what: str) -> None:
-    """Every index must address an existing item: ``0 <= idx < limit``."""
-    if idx.size == 1:
-        if 0 <= int(idx[0]) < limit:
-            return
-    elif idx.size == 0 or (int(idx.min()) >= 0 and int(idx.max()) < limit):
+    """Every index must address an existing item: ``0 <= idx < limit`` (as uint32, a negative int32
+    index is larger than any limit, so one ``max`` checks both bounds)."""
+    if _in_range(idx, limit):
         return
     pos = int(np.argmax((idx < 0) | (idx >= limit)))
     raise PlanError(
@@ -40,52 +55,17 @@ def check_indices(idx: Indices, limit: int, what: str) -> None:
     )
 
 
-def _expand(group: TensorGroup, src: Indices, dst: Indices) -> WritePlan:
-    check_indices(src, group.local_limit, f"{group.name}: prefill")
-    check_indices(dst, group.remote_limit, f"{group.name}: decode")
-    if group.whole and src.size == 1:
-        return WritePlan.trusted(
-            group.local_region.copy(),
-            group.local_item * int(src[0]),
-            group.remote_region.copy(),
-            group.remote_item * int(dst[0]),
-            group.local_item.copy(),
-            np.full(len(group), group.component, dtype=np.int16),
-        )
-    if group.whole:
-        s_start, d_start, length = contiguous_runs(src, dst)
-        n = len(length)
-        return WritePlan.trusted(
-            np.repeat(group.local_region, n),
-            (group.local_item[:, None] * s_start).ravel(),
-            np.repeat(group.remote_region, n),
-            (group.remote_item[:, None] * d_start).ravel(),
-            (group.local_item[:, None] * length).ravel(),
-            np.full(n * len(group), group.component, dtype=np.int16),
-        )
-    t, pages = group.block_tensor, src.size
-    s, d = src.astype(np.int64), dst.astype(np.int64)
-    return WritePlan.trusted(
-        np.repeat(group.block_local_region, pages),
-        (group.block_local_item[:, None] * s + group.block_src[:, None]).ravel(),
-        np.repeat(group.block_remote_region, pages),
-        (group.block_remote_item[:, None] * d + group.block_dst[:, None]).ravel(),
-        np.repeat(group.block_size, pages),
-        np.full(len(t) * pages, group.component, dtype=np.int16),
-    )
-
-
-def _slot(group: TensorGroup, src: Indices, dst: Indices) -> WritePlan:
+def _slot(group: TensorGroup, src: Indices, dst: Indices) -> Pair:
     """One item per request on each side (mamba slot, aux slot)."""
     if src.size != 1 or dst.size != 1:
         raise PlanError(
             f"{group.name}: a {group.rule.value} component needs exactly one index on each side, "
             f"got {src.size} on prefill and {dst.size} on decode"
         )
-    return _expand(group, src, dst)
+    return src, dst
 
 
-def _paged(group: TensorGroup, src: Indices, dst: Indices) -> WritePlan:
+def _paged(group: TensorGroup, src: Indices, dst: Indices) -> Pair:
     """Pages paired by position; a one-page drift (an allocation rounding) is truncated."""
     drift = abs(src.size - dst.size)
     if drift > 1:
@@ -98,24 +78,45 @@ def _paged(group: TensorGroup, src: Indices, dst: Indices) -> WritePlan:
             "%s: %d pages on prefill, %d on decode; sending the first %d", group.name, src.size, dst.size, n
         )
         src, dst = src[:n], dst[:n]
-    return _expand(group, src, dst)
+    return src, dst
 
 
-def _positional(group: TensorGroup, src: Indices, dst: Indices) -> WritePlan:
+def _positional(group: TensorGroup, src: Indices, dst: Indices) -> Pair:
     """Items paired by position (ring buffers, compressed blocks): any length mismatch misaligns rows."""
     if src.size != dst.size:
         raise PlanError(
             f"{group.name}: {src.size} items on prefill but {dst.size} on decode; "
             "positional state needs equal lengths"
         )
-    return _expand(group, src, dst)
+    return src, dst
 
 
-RULES: dict[SendRule, Rule] = {
+CHECKS: dict[SendRule, Check] = {
     SendRule.SLOT: _slot,
     SendRule.PAGED: _paged,
     SendRule.POSITIONAL: _positional,
 }
+
+
+def checked(group: TensorGroup, src: Indices, dst: Indices) -> Pair:
+    """The group's rule, then every index against its side's item count (both registered regions)."""
+    src, dst = CHECKS[group.rule](group, src, dst)
+    if not _in_range(src, group.local_limit):
+        check_indices(src, group.local_limit, f"{group.name}: prefill")
+    if not _in_range(dst, group.remote_limit):
+        check_indices(dst, group.remote_limit, f"{group.name}: decode")
+    return src, dst
+
+
+def _rule(check: Check) -> Rule:
+    def plan(group: TensorGroup, src: Indices, dst: Indices) -> WritePlan:
+        return assemble(Tables.build([group.table]), [(0, *checked(group, src, dst))])
+
+    plan.__doc__ = check.__doc__
+    return plan
+
+
+RULES: dict[SendRule, Rule] = {rule: _rule(check) for rule, check in CHECKS.items()}
 
 
 def plan_group(group: TensorGroup, src: Indices, dst: Indices) -> WritePlan:

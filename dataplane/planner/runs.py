@@ -2,8 +2,9 @@
 
 sglang's ``group_concurrent_contiguous`` splits paired (src, dst) index arrays wherever either side
 stops increasing by exactly one; each resulting run becomes one write per buffer. Here the runs are
-returned as three arrays (src start, dst start, length) instead of lists of lists, so callers turn them
-into byte offsets with one multiply.
+returned as arrays (src start, dst start, length) instead of lists of lists, so callers turn them
+into byte offsets with one multiply. ``paired_runs`` is the planner's form: both sides' starts as one
+``(2, runs)`` array, computed with a handful of numpy calls on the stacked pair.
 """
 
 from __future__ import annotations
@@ -13,9 +14,24 @@ import numpy.typing as npt
 
 from ..errors import PlanError
 
-__all__ = ["Runs", "contiguous_runs", "group_concurrent_contiguous"]
+__all__ = ["Runs", "contiguous_runs", "group_concurrent_contiguous", "paired_runs"]
 
 Runs = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+I64 = npt.NDArray[np.int64]
+
+
+def paired_runs(src: npt.NDArray[np.integer], dst: npt.NDArray[np.integer]) -> tuple[I64, I64]:
+    """``(starts, lengths)`` for equal-length, non-empty ``src``/``dst``: ``starts[0]`` are the src
+    starts, ``starts[1]`` the dst starts of the maximal runs where both sides step by +1."""
+    n = src.size
+    pair = np.concatenate((src, dst), dtype=np.int64).reshape(2, n)
+    broken = pair[:, 1:] - pair[:, :-1] != 1
+    bounds = np.empty(n + 1, dtype=np.bool_)
+    bounds[0] = bounds[n] = True
+    np.logical_or(broken[0], broken[1], out=bounds[1:n])
+    edges = np.flatnonzero(bounds)
+    starts = edges[:-1]
+    return pair[:, starts], edges[1:] - starts
 
 
 def contiguous_runs(src: npt.NDArray[np.integer], dst: npt.NDArray[np.integer]) -> Runs:
@@ -25,12 +41,8 @@ def contiguous_runs(src: npt.NDArray[np.integer], dst: npt.NDArray[np.integer]) 
     if src.size == 0:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty.copy(), empty.copy()
-    s = src.astype(np.int64, copy=False)
-    d = dst.astype(np.int64, copy=False)
-    breaks = np.flatnonzero((np.diff(s) != 1) | (np.diff(d) != 1)) + 1
-    starts = np.concatenate(([0], breaks))
-    lengths = np.diff(np.concatenate((starts, [s.size])))
-    return s[starts], d[starts], lengths
+    starts, lengths = paired_runs(src.ravel(), dst.ravel())
+    return starts[0], starts[1], lengths.astype(np.int64, copy=False)
 
 
 def group_concurrent_contiguous(

@@ -405,4 +405,4 @@ def test_write_plan_helpers() -> None:
     assert both.writes_by_component() == {KV_COMPONENT: 2, 0: 1}
     assert WritePlan.concat([]).total_bytes == 0
     with pytest.raises(ValueError, match="local_offset must be a 1-D int64"):
-        WritePlan(*(np.zeros(1, np.int32) for _ in range(6)))  # type: ignore[arg-type]
+        WritePlan(*(np.zeros(1, np.int32) for _ in range(6))).check()  # type: ignore[arg-type]

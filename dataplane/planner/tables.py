@@ -1,0 +1,98 @@
+"""Per-peer write tables: each group's blocks laid out so a request's writes are one broadcast away.
+
+A group's writes are always ``offset = item * index + base`` per block, on both sides at once, so the
+tables stack the two sides: ``regions`` and ``items``/``bases`` are ``(2, blocks)`` (row 0 prefill,
+row 1 decode). ``Tables`` also concatenates every group's blocks in canonical group order (KV, aux,
+components), so the single-index groups of a request (aux slot, mamba slot) fill their rows with one
+lookup instead of one small plan each. Built once per ``Pairing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["GroupTable", "Tables"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def _frozen(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class GroupTable:
+    """One group's blocks. ``whole`` groups have one block per tensor covering the item (equal on both
+    sides), so contiguous runs of items coalesce; ``based`` says whether any base is non-zero."""
+
+    regions: npt.NDArray[np.int32]
+    items: I64
+    bases: I64
+    size: I64
+    component: int
+    whole: bool
+    based: bool
+
+    @classmethod
+    def build(
+        cls,
+        regions: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]],
+        items: tuple[I64, I64],
+        bases: tuple[I64, I64],
+        size: I64,
+        component: int,
+        whole: bool,
+    ) -> GroupTable:
+        base = np.array(bases, dtype=np.int64).reshape(2, -1)
+        return cls(
+            _frozen(np.array(regions, dtype=np.int32).reshape(2, -1)),
+            _frozen(np.array(items, dtype=np.int64).reshape(2, -1)),
+            _frozen(base),
+            _frozen(np.array(size, dtype=np.int64)),
+            component,
+            whole,
+            bool(base.any()),
+        )
+
+    @property
+    def blocks(self) -> int:
+        return len(self.size)
+
+
+@dataclass(frozen=True, eq=False)
+class Tables:
+    """All groups' blocks concatenated; ``start[g]`` is group ``g``'s first row, ``row_group`` maps
+    each row back to its group."""
+
+    groups: tuple[GroupTable, ...]
+    start: tuple[int, ...]
+    regions: npt.NDArray[np.int32]
+    items: I64
+    bases: I64
+    size: I64
+    component: npt.NDArray[np.int16]
+    row_group: npt.NDArray[np.intp]
+    based: bool
+
+    @classmethod
+    def build(cls, groups: Sequence[GroupTable]) -> Tables:
+        counts = [g.blocks for g in groups]
+        start = tuple(int(s) for s in np.cumsum([0, *counts])[:-1])
+        comps = [np.full(g.blocks, g.component, dtype=np.int16) for g in groups]
+        return cls(
+            tuple(groups),
+            start,
+            _frozen(np.concatenate([g.regions for g in groups], axis=1)),
+            _frozen(np.concatenate([g.items for g in groups], axis=1)),
+            _frozen(np.concatenate([g.bases for g in groups], axis=1)),
+            _frozen(np.concatenate([g.size for g in groups])),
+            _frozen(np.concatenate(comps)),
+            _frozen(np.repeat(np.arange(len(groups), dtype=np.intp), counts)),
+            any(g.based for g in groups),
+        )
