@@ -119,7 +119,8 @@ class SyntheticConfig(_Base, frozen=True):
     """Token lengths of successive requests, cycled; 0 = an all-empty request."""
     max_inflight: int = 4
     verify: bool = True
-    """Decode checks every received byte against the deterministic fill."""
+    """Decode checks every received byte against the deterministic fill; false also skips prefill's
+    fill (benchmarks measure the transfer alone)."""
 
 
 class EngineConfig(_Base, frozen=True):

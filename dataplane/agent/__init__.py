@@ -1,0 +1,33 @@
+"""The in-pod agent: pools, synthetic engine, rooms, ZMQ control, bootstrap/health HTTP, metrics, and
+the two role workers, wired together by ``AgentRuntime``.
+
+Importing this package imports numpy and pyzmq but no transfer engine: ``make_transport`` loads the
+configured engine's SDK when the runtime starts.
+"""
+
+from .bootstrap import BootstrapRegistry, RankInfo, Topology, fetch_topology
+from .health import AgentStatus
+from .metrics import AgentMetrics
+from .pools import IndexAllocator, MemoryPools
+from .rooms import Room, RoomTable
+from .runtime import AgentRuntime, make_transport
+from .synthetic import ComponentCheck, ItemCounts, SyntheticEngine, items_for_tokens
+
+__all__ = [
+    "AgentMetrics",
+    "AgentRuntime",
+    "AgentStatus",
+    "BootstrapRegistry",
+    "ComponentCheck",
+    "IndexAllocator",
+    "ItemCounts",
+    "MemoryPools",
+    "RankInfo",
+    "Room",
+    "RoomTable",
+    "SyntheticEngine",
+    "Topology",
+    "fetch_topology",
+    "items_for_tokens",
+    "make_transport",
+]

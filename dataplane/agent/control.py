@@ -1,0 +1,99 @@
+"""ZMQ control plumbing, like sglang: every agent binds one PULL socket on its explicit host, and
+pushes to its peers' PULL sockets.
+
+Only raw multipart bytes cross these sockets; decoding is the codec's job (sglang frames and our
+tagged msgspec messages) — nothing here or above ever unpickles. Receives poll with a timeout and
+sends never block (``NOBLOCK`` against a bounded high-water mark), so a dead or frozen peer can only
+cost dropped messages, which the heartbeat and room deadlines then turn into failures.
+
+ZMQ sockets are not thread-safe: each thread owns its own ``Pushers``; the context is shared.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+log = logging.getLogger("pdpair.agent.control")
+
+MAX_MESSAGE = 64 * 1024 * 1024
+"""Largest multipart message accepted (registration with many descriptors stays far below)."""
+HWM = 10_000
+
+
+def tcp(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+class Inbox:
+    """The agent's bound PULL socket. ``port`` is the bound port (config 0 picks a free one)."""
+
+    def __init__(self, ctx: zmq.Context, host: str, port: int = 0):
+        self._sock = ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, HWM)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+        if port:
+            self._sock.bind(tcp(host, port))
+            self.port = port
+        else:
+            self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.host = host
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+
+    def recv(self, timeout: float) -> list[bytes] | None:
+        """One multipart message, or None after ``timeout`` seconds."""
+        if not self._poller.poll(max(0, int(timeout * 1000))):
+            return None
+        return self._sock.recv_multipart(copy=True)
+
+    def drain(self, limit: int) -> list[list[bytes]]:
+        """Up to ``limit`` messages already queued, without waiting."""
+        out = []
+        for _ in range(limit):
+            try:
+                out.append(self._sock.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        return out
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class Pushers:
+    """PUSH sockets to peers' inboxes, one per address, created on first use."""
+
+    def __init__(self, ctx: zmq.Context):
+        self._ctx = ctx
+        self._socks: dict[str, zmq.Socket] = {}
+        self.dropped = 0
+
+    def send(self, address: str, frames: list[bytes]) -> bool:
+        """Queue ``frames`` for ``address`` without blocking; False (and counted) when the queue is full."""
+        sock = self._socks.get(address)
+        if sock is None:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, HWM)
+            sock.connect(address)
+            self._socks[address] = sock
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.dropped += 1
+            log.warning("control: queue to %s full, message dropped", address)
+            return False
+        return True
+
+    def forget(self, address: str) -> None:
+        """Drop the socket (a replaced peer): queued messages for the old process are discarded."""
+        sock = self._socks.pop(address, None)
+        if sock is not None:
+            sock.close(linger=0)
+
+    def close(self) -> None:
+        for address in list(self._socks):
+            self.forget(address)

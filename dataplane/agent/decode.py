@@ -1,0 +1,355 @@
+"""The decode role worker: finds prefill through its bootstrap endpoint, registers, originates rooms
+(like sglang's decode allocating destination pages), and verifies what arrives.
+
+Peer lifecycle per prefill rank: ``registering`` (registration sent, resent until answered) →
+``paired`` (``Hello``, manifest checked here too) or ``refused`` (``Refused``: the prefill's exact
+reason lands in our logs, metrics and ``/status``). A paired rank that misses ``heartbeat_misses``
+heartbeats is ``down``: its rooms fail at once. A new ``instance`` behind the bootstrap address (a
+replaced prefill, sglang PR #34289) fails the old rooms and re-registers with the new process.
+
+Rooms: allocate destination items → metadata to each prefill rank this rank needs (TP fan-in/out) →
+Success from all of them → verify every byte per component → free. Failed rooms send ``Abort`` and
+quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a later
+room.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..codec import (
+    Abort,
+    Heartbeat,
+    Hello,
+    KVPoll,
+    Refused,
+    Registration,
+    TransferMetadata,
+    check_compatible,
+    decode_control,
+    decode_manifest,
+    decode_status,
+    encode_control,
+    encode_metadata,
+    encode_registration,
+)
+from ..errors import IncompatiblePeer, PDPairError
+from .bootstrap import Topology, fetch_topology
+from .control import tcp
+from .roles import RoleWorker, Sources, refusal_reason_label
+from .synthetic import items_for_tokens
+
+log = logging.getLogger("pdpair.agent.decode")
+
+REGISTER_RETRY = 2.0
+
+
+@dataclass(eq=False)
+class PrefillPeer:
+    rank: int
+    label: str
+    address: str
+    agent: str
+    instance: str
+    state: str = "registering"
+    last_seen: float = 0.0
+    last_register: float = 0.0
+
+
+@dataclass(eq=False)
+class DecodeRoom:
+    dst: Sources
+    ranks: set[int]
+    sent: float = field(default_factory=time.perf_counter)
+
+
+class DecodeWorker(RoleWorker):
+    role = "decode"
+
+    def setup(self) -> None:
+        self.peers: dict[int, PrefillPeer] = {}
+        self.required: list[int] = []
+        self._topology: Topology | None = None
+        self._topology_error = ""
+        self._topology_lock = threading.Lock()
+        self._seen_topology: Topology | None = None
+        self._room_base = random.getrandbits(40) << 20
+        self.made = self.completed = self.succeeded = self.verify_failures = 0
+        self._next_request = 0.0
+        self._quarantine: list[tuple[float, Sources]] = []
+        self._reg_frames = self.registration_frames()
+
+    def registration_frames(self) -> list[bytes]:
+        sch, blobs = self.schema, self.blobs
+        n_kv, n_aux = len(sch.kv.layer_ids), len(sch.aux.item_lens)
+        state, at = [], n_kv + n_aux
+        for comp in sch.components:
+            state.append(tuple(blobs[at : at + len(comp.tensors)]))
+            at += len(comp.tensors)
+        reg = Registration(
+            endpoint=self.cfg.listen.host,
+            dst_port=self.inbox.port,
+            engine_desc=self.transport.endpoint(),
+            dst_kv_mem_descs=tuple(blobs[:n_kv]),
+            dst_aux_mem_descs=tuple(blobs[n_kv : n_kv + n_aux]),
+            dst_state_mem_descs=tuple(state),
+            gpu_id=self.cfg.transfer.gpu_id,
+            decode_tp_size=sch.tp_size,
+            decode_tp_rank=sch.tp_rank,
+            dst_kv_item_len=sch.kv.item_len,
+            dst_state_item_lens=tuple(tuple(x) for x in sch.state_item_lens),
+            dst_state_dim_per_tensor=tuple(tuple(x) for x in sch.state_dim_per_tensor),
+            dst_state_layer_ids=tuple(tuple(x) for x in sch.state_layer_ids),
+            dst_kv_layer_ids=tuple(sch.kv.layer_ids),
+            manifest=self.manifest,
+        )
+        return encode_registration(reg)
+
+    # ---- bootstrap watching (own thread: an unreachable or frozen prefill must not stall us) ----
+    def start(self, stop: threading.Event) -> None:
+        super().start(stop)
+        threading.Thread(target=self._watch, args=(stop,), name="pdpair-bootstrap-watch", daemon=True).start()
+
+    def _watch(self, stop: threading.Event) -> None:
+        interval = self.cfg.transfer.heartbeat_interval_seconds
+        while not stop.is_set():
+            try:
+                topo = fetch_topology(
+                    self.cfg.peer.bootstrap_host, self.cfg.peer.bootstrap_port, timeout=interval
+                )
+                with self._topology_lock:
+                    self._topology, self._topology_error = topo, ""
+            except (OSError, PDPairError) as exc:
+                with self._topology_lock:
+                    self._topology_error = f"{type(exc).__name__}: {exc}"
+            stop.wait(interval)
+
+    def on_topology(self, topo: Topology, now: float) -> None:
+        if not topo.complete:
+            return
+        ptp, dtp, d = topo.tp_size, self.schema.tp_size, self.schema.tp_rank
+        self.required = (
+            [d // (dtp // ptp)] if dtp >= ptp else list(range(d * (ptp // dtp), (d + 1) * (ptp // dtp)))
+        )
+        self._info_num = dtp // ptp if dtp > ptp else 1
+        for r in self.required:
+            info = topo.rank(r)
+            known = self.peers.get(r)
+            if known is not None and known.instance == info.instance:
+                continue
+            if known is not None:
+                self.lose(known, f"prefill rank {r} replaced (instance {known.instance} → {info.instance})")
+                self.pushers.forget(known.address)
+            self.peers[r] = PrefillPeer(
+                r, f"prefill-{r}@{info.host}", tcp(info.host, info.control_port), info.agent, info.instance
+            )
+
+    def lose(self, peer: PrefillPeer, reason: str) -> None:
+        """The peer is gone: fail its rooms now, mark it down."""
+        log.warning("%s", reason)
+        peer.state = "down"
+        for room in self.rooms.fail_peer(peer.label, reason):
+            self.finish(room, KVPoll.Failed)
+        self.metrics.peer_down(peer.label)
+        self.status.peer_down(peer.label, reason)
+
+    # ---- control messages ---------------------------------------------------------------------
+    def _peer_of(self, agent: str) -> PrefillPeer | None:
+        return next((p for p in self.peers.values() if p.agent == agent), None)
+
+    def on_control(self, frames: list[bytes]) -> None:
+        msg = decode_control(frames[0])
+        peer = self._peer_of(getattr(msg, "agent_id", ""))
+        if peer is None:
+            return
+        now = time.monotonic()
+        if isinstance(msg, Hello):
+            self.on_hello(peer, msg, now)
+        elif isinstance(msg, Refused):
+            peer.state = "refused"
+            log.error("prefill %s refused us: %s", peer.label, msg.reason)
+            self.metrics.record_refusal(peer.label, refusal_reason_label(msg.reason))
+            self.status.peer_refused(peer.label, msg.reason, by="peer")
+        elif isinstance(msg, Heartbeat):
+            peer.last_seen = now
+            if peer.state == "down":
+                peer.state = "paired"
+                self.paired(peer.label, peer.instance)
+
+    def on_hello(self, peer: PrefillPeer, msg: Hello, now: float) -> None:
+        try:
+            if msg.manifest is not None:
+                check_compatible(decode_manifest(msg.manifest), self.manifest)
+        except (IncompatiblePeer, PDPairError) as exc:
+            reason = exc.reason if isinstance(exc, IncompatiblePeer) else str(exc)
+            peer.state = "refused"
+            self.metrics.record_refusal(peer.label, refusal_reason_label(reason))
+            self.status.peer_refused(peer.label, reason, by="self")
+            return
+        peer.state, peer.last_seen = "paired", now
+        self.paired(peer.label, peer.instance)
+
+    def on_sglang(self, frames: list[bytes]) -> None:
+        st = decode_status(frames)
+        peer = self.peers.get(st.prefill_rank)
+        if peer is not None and peer.state == "paired":
+            peer.last_seen = time.monotonic()
+        room = self.rooms.get(st.room)
+        if room is None:
+            return
+        if st.status == KVPoll.Failed:
+            reason = f"prefill rank {st.prefill_rank}: {st.failure_reason or 'failed'}"
+            self.finish(self.rooms.fail(st.room, reason), KVPoll.Failed, notify=False)
+        elif st.status == KVPoll.Success:
+            room.data.ranks.discard(st.prefill_rank)
+            if not room.data.ranks:
+                self.finish(self.rooms.advance(st.room, KVPoll.Success), KVPoll.Success)
+        else:
+            self.rooms.advance(st.room, st.status)
+
+    # ---- periodic work ------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        with self._topology_lock:
+            topo = self._topology
+        if topo is not None and topo is not self._seen_topology:
+            self._seen_topology = topo
+            self.on_topology(topo, now)
+        limit = self.cfg.transfer.heartbeat_interval_seconds * self.cfg.transfer.heartbeat_misses
+        for peer in self.peers.values():
+            if peer.state == "paired" and now - peer.last_seen > limit:
+                self.lose(peer, f"prefill {peer.label} heartbeat lost: none for {now - peer.last_seen:.1f}s")
+            elif peer.state == "registering" and now - peer.last_register > REGISTER_RETRY:
+                peer.last_register = now
+                self.pushers.send(peer.address, list(self._reg_frames))
+        while self._quarantine and self._quarantine[0][0] <= now:
+            self.release(self._quarantine.pop(0)[1])
+        self.generate(now)
+
+    def ready_to_send(self) -> bool:
+        return bool(self.required) and all(
+            r in self.peers and self.peers[r].state == "paired" for r in self.required
+        )
+
+    def generate(self, now: float) -> None:
+        syn = self.cfg.synthetic
+        while (
+            syn.enabled
+            and self.ready_to_send()
+            and len(self.rooms) < syn.max_inflight
+            and (syn.requests == 0 or self.made < syn.requests)
+            and now >= self._next_request
+        ):
+            if not self.new_room(syn.tokens[self.made % len(syn.tokens)] if syn.tokens else 0):
+                return
+            rate = syn.requests_per_second
+            self._next_request = max(self._next_request + 1 / rate, now - 1.0) if rate > 0 else now
+
+    def new_room(self, tokens: int) -> bool:
+        counts = items_for_tokens(self.schema, tokens)
+        dst = self.allocate([counts.kv], counts.aux > 0, list(counts.state))
+        if dst is None:
+            return False
+        room_id = self._room_base + self.made
+        self.made += 1
+        first = self.peers[self.required[0]]
+        room = self.rooms.add(
+            room_id, room_id, first.label, self.timeout, DecodeRoom(dst, set(self.required))
+        )
+        kv, aux, state = dst
+        md = TransferMetadata(
+            room=room_id,
+            endpoint=self.cfg.listen.host,
+            dst_port=self.inbox.port,
+            engine_key=self.agent_id,
+            dst_kv_indices=kv,
+            dst_aux_index=-1 if aux is None else aux,
+            dst_state_indices=tuple(np.empty(0, np.int32) if s is None else s for s in state),
+            required_dst_info_num=self._info_num,
+        )
+        frames = encode_metadata(md)
+        room.data.sent = time.perf_counter()
+        for r in self.required:
+            self.pushers.send(self.peers[r].address, list(frames))
+        self.rooms.advance(room_id, KVPoll.WaitingForInput)
+        return True
+
+    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
+        if room is None:
+            return
+        try:
+            self._finish(room, state, notify)
+        finally:
+            self.completed += 1
+
+    def _finish(self, room: Any, state: KVPoll, notify: bool) -> None:
+        dr: DecodeRoom = room.data
+        if state != KVPoll.Success:
+            if notify:
+                abort = [encode_control(Abort(room=room.room, reason=room.reason[:512]))]
+                for r in dr.ranks:
+                    if r in self.peers:
+                        self.pushers.send(self.peers[r].address, list(abort))
+            self._quarantine.append((time.monotonic() + self.timeout, dr.dst))
+            self.count_outcome(room)
+            return
+        end = time.perf_counter()
+        ok = self.check(room.room, dr, room.peer, end - dr.sent, end)
+        self.release(dr.dst)
+        if ok:
+            self.succeeded += 1
+            self.count_outcome(room)
+        else:
+            self.verify_failures += 1
+            self.metrics.record_outcome(room.peer, "failed", "verification")
+
+    def check(self, room_id: int, dr: DecodeRoom, peer: str, seconds: float, end: float) -> bool:
+        """Account every component of the finished room; verify its bytes when configured."""
+        kv, aux, state = dr.dst
+        if not self.cfg.synthetic.verify:
+            for name, stype, nbytes in self.engine.sizes(kv, aux, state):
+                self.metrics.record_component(name, stype, peer, nbytes, 0, seconds)
+                self.stats.record(name, stype, nbytes, 0, seconds)
+            self.stats.window(dr.sent, end)
+            return True
+        ok = True
+        for c in self.engine.verify(room_id, kv, aux, state):
+            self.metrics.record_component(c.component, c.state_type, peer, c.bytes, 0, seconds)
+            self.stats.record(c.component, c.state_type, c.bytes, 0, seconds)
+            self.stats.verified(c.component, c.state_type, c.bytes, c.ok)
+            self.metrics.record_verified(c.component, c.state_type, c.bytes, c.ok)
+            if not c.ok:
+                log.error(
+                    "room %d: component %s failed verification (crc %08x, expected %08x)",
+                    room_id,
+                    c.component,
+                    c.checksum,
+                    c.expected_checksum,
+                )
+            ok = ok and c.ok
+        self.stats.window(dr.sent, end)
+        return ok
+
+    def snapshot(self) -> dict[str, Any]:
+        out = super().snapshot()
+        with self._topology_lock:
+            error = self._topology_error
+        out["requests"] = {
+            "made": self.made,
+            "completed": self.completed,
+            "succeeded": self.succeeded,
+            "verification_failures": self.verify_failures,
+            "target": self.cfg.synthetic.requests,
+        }
+        out["prefill"] = {
+            str(r): {"label": p.label, "state": p.state, "instance": p.instance}
+            for r, p in self.peers.items()
+        }
+        out["bootstrap_error"] = error
+        return out

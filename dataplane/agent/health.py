@@ -1,0 +1,131 @@
+"""Health, readiness and status of one agent: what ``/healthz``, ``/readyz`` and ``/status`` serve.
+
+- live (``/healthz``): the agent's worker threads are running;
+- ready (``/readyz``): at least one peer is currently paired (a successful handshake, not yet lost);
+- status (``/status``): peers with their state and reason, the last refusals (both sides record them
+  with the precise reason), rooms and per-component statistics.
+
+Readiness transitions and refusals are forwarded to an optional pod-condition reporter (only when the
+agent runs in a pod), so the operator sees ``pdpair.io/TransferReady`` with the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .http import Handler, Reply, Request
+
+log = logging.getLogger("pdpair.agent.health")
+
+MAX_REFUSALS = 32
+
+
+class ConditionReporter(Protocol):
+    """What ``dataplane.podstatus.PodStatusReporter`` offers; None outside a pod."""
+
+    def report(self, ready: bool, reason: str, message: str) -> Any: ...
+
+
+class AgentStatus:
+    """Thread-safe record of peers and refusals; ``snapshot`` is what ``/status`` returns."""
+
+    def __init__(self, role: str, agent: str, instance: str, reporter: ConditionReporter | None = None):
+        self.role, self.agent, self.instance = role, agent, instance
+        self.reporter = reporter
+        self.started = time.time()
+        self._lock = threading.Lock()
+        self._peers: dict[str, dict[str, Any]] = {}
+        self._refusals: deque[dict[str, Any]] = deque(maxlen=MAX_REFUSALS)
+        self._ready = False
+        self._live: Callable[[], bool] = lambda: True
+        self._extra: Callable[[], dict[str, Any]] = dict
+
+    def set_probes(self, live: Callable[[], bool], extra: Callable[[], dict[str, Any]]) -> None:
+        self._live, self._extra = live, extra
+
+    def peer_paired(self, peer: str, instance: str = "") -> None:
+        self._set_peer(peer, "paired", "", instance)
+
+    def peer_refused(self, peer: str, reason: str, *, by: str) -> None:
+        """``by``: which side refused (``self`` or ``peer``); the reason is kept verbatim."""
+        with self._lock:
+            self._refusals.append({"peer": peer, "reason": reason, "refused_by": by, "at": time.time()})
+        self._set_peer(peer, "refused", reason, "")
+
+    def peer_down(self, peer: str, reason: str) -> None:
+        self._set_peer(peer, "down", reason, "")
+
+    def _set_peer(self, peer: str, state: str, reason: str, instance: str) -> None:
+        with self._lock:
+            prev = self._peers.get(peer, {})
+            self._peers[peer] = {
+                "state": state,
+                "reason": reason,
+                "instance": instance or prev.get("instance", ""),
+                "since": time.time() if prev.get("state") != state else prev["since"],
+            }
+            ready = any(p["state"] == "paired" for p in self._peers.values())
+            changed, self._ready = ready != self._ready, ready
+        if changed or state == "refused":
+            self._report(ready, state, peer, reason)
+
+    def _report(self, ready: bool, state: str, peer: str, reason: str) -> None:
+        if self.reporter is None:
+            return
+        if ready:
+            why, message = "Paired", f"{self.role} paired with {peer}"
+        elif state == "refused":
+            why, message = "HandshakeRefused", f"{peer}: {reason}"
+        else:
+            why, message = (
+                "NoPeer",
+                f"{peer} {state}: {reason}" if reason else f"no paired peer ({peer} {state})",
+            )
+        try:
+            self.reporter.report(ready, why, message)
+        except Exception:
+            log.exception("reporting pod condition failed")
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            peers = {k: dict(v) for k, v in self._peers.items()}
+            refusals = list(self._refusals)
+        out = {
+            "role": self.role,
+            "agent": self.agent,
+            "instance": self.instance,
+            "ready": self._ready,
+            "uptime_seconds": round(time.time() - self.started, 3),
+            "peers": peers,
+            "refusals": refusals,
+        }
+        out.update(self._extra())
+        return out
+
+    def routes(self, metrics: Callable[[], bytes], content_type: str) -> dict[tuple[str, str], Handler]:
+        def healthz(_: Request) -> Reply:
+            ok = self._live()
+            return Reply.json({"live": ok}, 200 if ok else 503)
+
+        def readyz(_: Request) -> Reply:
+            if self._ready:
+                return Reply.json({"ready": True})
+            with self._lock:
+                why = [f"{p}: {v['state']} {v['reason']}".strip() for p, v in self._peers.items()]
+            return Reply.json({"ready": False, "reason": "; ".join(why) or "no handshake yet"}, 503)
+
+        return {
+            ("GET", "/healthz"): healthz,
+            ("GET", "/readyz"): readyz,
+            ("GET", "/status"): lambda _: Reply.json(self.snapshot()),
+            ("GET", "/metrics"): lambda _: Reply(200, metrics(), content_type),
+        }

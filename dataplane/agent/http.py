@@ -1,0 +1,150 @@
+"""The agent's small HTTP server: bootstrap (``/topology``, rank registration), ``/healthz``,
+``/readyz``, ``/status`` and ``/metrics``.
+
+One stdlib ``ThreadingHTTPServer`` bound to an explicit address (never 0.0.0.0 by default). Handlers
+are plain functions from the request to ``Reply`` that never block on the agent's workers: they read
+snapshots. The server is bounded: at most ``MAX_CONCURRENT`` requests at once (503 beyond), bodies of
+at most ``MAX_BODY`` bytes, and a socket timeout so a slow client cannot pin a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+log = logging.getLogger("pdpair.agent.http")
+
+MAX_BODY = 64 * 1024
+MAX_CONCURRENT = 16
+SOCKET_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+    @classmethod
+    def json(cls, value: Any, status: int = 200) -> Reply:
+        return cls(status, json.dumps(value, sort_keys=True).encode() + b"\n")
+
+    @classmethod
+    def text(cls, value: str, status: int = 200) -> Reply:
+        return cls(status, value.encode(), "text/plain; charset=utf-8")
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    body: bytes
+
+
+Handler = Callable[[Request], Reply]
+
+
+class AgentHttpServer:
+    """Routes ``(method, path)`` to handlers; ``port`` is the bound port (0 in the config picks one)."""
+
+    def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Handler], name: str = "http"):
+        self.routes = dict(routes)
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name=f"pdpair-{name}", daemon=True)
+        self.host, self.port = host, int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> AgentHttpServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def dispatch(self, request: Request) -> Reply:
+        handler = self.routes.get((request.method, request.path))
+        if handler is None:
+            allowed = sorted(m for m, p in self.routes if p == request.path)
+            if allowed:
+                return Reply.json({"error": f"method {request.method} not allowed", "allowed": allowed}, 405)
+            return Reply.json(
+                {"error": f"no such path {request.path}", "paths": sorted({p for _, p in self.routes})}, 404
+            )
+        if not self._slots.acquire(blocking=False):
+            return Reply.json({"error": "busy"}, 503)
+        try:
+            return handler(request)
+        except Exception as exc:
+            log.exception("http handler %s %s failed", request.method, request.path)
+            return Reply.json({"error": f"{type(exc).__name__}: {exc}"}, 500)
+        finally:
+            self._slots.release()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            timeout = SOCKET_TIMEOUT
+            protocol_version = "HTTP/1.1"
+
+            def _serve(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_BODY or length < 0:
+                    self._send(Reply.json({"error": f"body over {MAX_BODY} bytes"}, 413))
+                    return
+                body = self.rfile.read(length) if length else b""
+                self._send(server.dispatch(Request(method, parts.path, parse_qs(parts.query), body)))
+
+            def _send(self, reply: Reply) -> None:
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_PUT(self) -> None:
+                self._serve("PUT")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("%s " + format, self.address_string(), *args)
+
+        return _Handler
+
+
+def get_json(url: str, timeout: float = 2.0) -> Any:
+    """GET ``url`` and decode JSON (the decode side's bootstrap query; tests)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read(MAX_BODY * 16))
+
+
+def put_json(url: str, value: Any, timeout: float = 2.0) -> Any:
+    import urllib.request
+
+    req = urllib.request.Request(
+        url, data=json.dumps(value).encode(), method="PUT", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read(MAX_BODY))

@@ -1,0 +1,121 @@
+"""Start agents as real ``pdpair-agent run`` processes on loopback and talk to their endpoints: what
+the demo, the benchmark and the two-process tests share.
+
+Each agent gets a generated config file in a scratch directory, logs to a file there, and publishes
+its bound ports through a ready file; ``AgentProcess`` waits for it, reads ``/status`` and stops the
+process with SIGTERM (then SIGKILL) — only the processes it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..config import AgentConfig
+from ..errors import PDPairError
+from .http import get_json
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class AgentProcess:
+    def __init__(self, cfg: AgentConfig, workdir: Path, tag: str, env: dict[str, str] | None = None):
+        self.cfg, self.tag = cfg, tag
+        self.config_path = workdir / f"{tag}.json"
+        self.config_path.write_bytes(msgspec.json.encode(cfg))
+        self.ready_path = workdir / f"{tag}.ready"
+        self.log_path = workdir / f"{tag}.log"
+        self.ready_path.unlink(missing_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "dataplane.cli",
+            "run",
+            "--role",
+            cfg.role,
+            "--config",
+            str(self.config_path),
+            "--ready-file",
+            str(self.ready_path),
+            "--log-format",
+            "json",
+        ]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        self.ports: dict[str, Any] = {}
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready_path.exists():
+                self.ports = json.loads(self.ready_path.read_text())
+                return self.ports
+            if self.proc.poll() is not None:
+                raise PDPairError(f"{self.tag} agent exited with {self.proc.returncode}:\n{self.log_tail()}")
+            time.sleep(0.05)
+        raise PDPairError(f"{self.tag} agent not up after {timeout:.0f}s:\n{self.log_tail()}")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ports['host']}:{self.ports['metrics_port']}"
+
+    def status(self, timeout: float = 2.0) -> dict[str, Any]:
+        return dict(get_json(self.url + "/status", timeout=timeout))
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return int(self.proc.returncode)
+
+
+def loopback_pair(
+    base: AgentConfig, *, prefill_tp: int = 1, decode_tp: int = 1, bootstrap_port: int | None = None
+) -> tuple[list[AgentConfig], list[AgentConfig]]:
+    """Configs for a prefill group and a decode group on 127.0.0.1 sharing ``base``'s model/transfer."""
+    port = bootstrap_port or free_port()
+    listen = msgspec.structs.replace(
+        base.listen, host="127.0.0.1", bootstrap_port=port, metrics_port=0, control_port=0
+    )
+    peer = msgspec.structs.replace(base.peer, bootstrap_host="127.0.0.1", bootstrap_port=port)
+    roles = msgspec.structs.replace(
+        base,
+        listen=listen,
+        peer=peer,
+        prefill=msgspec.structs.replace(base.prefill, tp_size=prefill_tp),
+        decode=msgspec.structs.replace(base.decode, tp_size=decode_tp),
+    )
+    prefill = [msgspec.structs.replace(roles, role="prefill", tp_rank=r) for r in range(prefill_tp)]
+    decode = [msgspec.structs.replace(roles, role="decode", tp_rank=r) for r in range(decode_tp)]
+    return prefill, decode

@@ -1,0 +1,143 @@
+"""The agent's Prometheus metrics: one prefix (``pdpair_agent_``), base units, bounded labels.
+
+Labels are component, state_type, role, peer (the peer *agent's* name — never a room id) and reason /
+outcome from small fixed vocabularies. Each agent owns its own ``CollectorRegistry`` so two agents in
+one process (the demo, tests) never clash. The hot path is cheap: one update per request per component
+(from ``WritePlan.bytes_by_component()``), never one per write.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "pdpair_agent_"
+LATENCY_BUCKETS = (
+    50e-6,
+    100e-6,
+    250e-6,
+    500e-6,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    10e-3,
+    25e-3,
+    50e-3,
+    100e-3,
+    250e-3,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+SIZE_BUCKETS = tuple(float(4**k) for k in range(5, 16))
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+OUTCOMES = ("success", "failed", "aborted")
+_COMP = ("component", "state_type", "role", "peer")
+
+
+class AgentMetrics:
+    """Every metric of one agent, registered in its own registry."""
+
+    def __init__(self, role: str, agent: str):
+        self.role = role
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.transfer_bytes = Counter(
+            PREFIX + "transfer_bytes", "Bytes moved, by component.", _COMP, registry=r
+        )
+        self.transfer_writes = Counter(
+            PREFIX + "transfer_writes", "One-sided writes issued, by component.", _COMP, registry=r
+        )
+        self.transfer_seconds = Histogram(
+            PREFIX + "transfer_seconds",
+            "Write start to completion of one request's component.",
+            _COMP,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_bytes = Histogram(
+            PREFIX + "request_component_bytes",
+            "Bytes of one request's component.",
+            _COMP,
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            PREFIX + "requests",
+            "Finished requests by outcome and reason.",
+            ("role", "peer", "outcome", "reason"),
+            registry=r,
+        )
+        self.verified_bytes = Counter(
+            PREFIX + "verified_bytes",
+            "Received bytes checked against the synthetic engine, by result.",
+            ("component", "state_type", "role", "result"),
+            registry=r,
+        )
+        self.refusals = Counter(
+            PREFIX + "handshake_refusals",
+            "Handshakes refused, by reason.",
+            ("role", "peer", "reason"),
+            registry=r,
+        )
+        self.handshakes = Counter(
+            PREFIX + "handshakes", "Successful handshakes.", ("role", "peer"), registry=r
+        )
+        self.engine_errors = Counter(
+            PREFIX + "engine_errors", "Transfer-engine errors, by kind.", ("role", "kind"), registry=r
+        )
+        self.inflight = Gauge(PREFIX + "inflight_rooms", "Rooms not yet finished.", ("role",), registry=r)
+        self.peer_up = Gauge(
+            PREFIX + "peer_up", "1 while the peer is paired and alive.", ("role", "peer"), registry=r
+        )
+        self.info = Gauge(
+            PREFIX + "info", "Constant 1; labels describe the agent.", ("role", "agent"), registry=r
+        )
+        self.info.labels(role, agent).set(1)
+        self.inflight.labels(role).set(0)
+
+    def record_component(
+        self, component: str, state_type: str, peer: str, nbytes: int, writes: int, seconds: float | None
+    ) -> None:
+        """One request's component finished moving (``seconds`` None when only counted, e.g. on decode)."""
+        labels = (component, state_type, self.role, peer)
+        self.transfer_bytes.labels(*labels).inc(nbytes)
+        self.transfer_writes.labels(*labels).inc(writes)
+        self.request_bytes.labels(*labels).observe(nbytes)
+        if seconds is not None:
+            self.transfer_seconds.labels(*labels).observe(seconds)
+
+    def record_outcome(self, peer: str, outcome: str, reason: str = "") -> None:
+        self.requests.labels(self.role, peer, outcome, reason).inc()
+
+    def record_verified(self, component: str, state_type: str, nbytes: int, ok: bool) -> None:
+        self.verified_bytes.labels(component, state_type, self.role, "ok" if ok else "mismatch").inc(nbytes)
+
+    def record_refusal(self, peer: str, reason: str) -> None:
+        self.refusals.labels(self.role, peer, reason).inc()
+
+    def record_handshake(self, peer: str) -> None:
+        self.handshakes.labels(self.role, peer).inc()
+        self.peer_up.labels(self.role, peer).set(1)
+
+    def peer_down(self, peer: str) -> None:
+        self.peer_up.labels(self.role, peer).set(0)
+
+    def record_engine_error(self, kind: str) -> None:
+        self.engine_errors.labels(self.role, kind).inc()
+
+    def set_inflight(self, n: int) -> None:
+        self.inflight.labels(self.role).set(n)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def reason_label(reason: str) -> str:
+    """A bounded label from a free-text reason: its first clause, lower-case, at most 48 chars."""
+    head = reason.split(":", 1)[0].strip().lower() or "unknown"
+    return head[:48]

@@ -1,0 +1,335 @@
+"""The prefill role worker: accepts decode registrations, and per room plans and writes its state.
+
+One thread drives everything (the transport is not thread-safe): it drains the control inbox, starts
+writes, polls in-flight transfers, sends status frames and heartbeats, and fails rooms past their
+deadline — aborting their transfers, so a frozen decode can never pin the worker (sglang #32579).
+
+Per registration: decode ``Registration`` → ``check_compatible`` (refusal: ``Refused`` with the exact
+reason back to decode, and the same reason in logs, metrics and ``/status``) → ``transport.connect`` →
+``PeerLayout`` + prepared pairing → ``Hello`` back as the acceptance.
+Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them → ``plan_request``
+→ one write per component (so latency is measured per component) → status Success / Failed to decode.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..codec import (
+    Abort,
+    Heartbeat,
+    Hello,
+    KVPoll,
+    Refused,
+    Registration,
+    StatusMessage,
+    TransferMetadata,
+    check_compatible,
+    decode_control,
+    decode_metadata,
+    decode_registration,
+    encode_control,
+    encode_manifest,
+    encode_status,
+)
+from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, TransferFailed
+from ..planner import PeerLayout, RequestIndices, pairing_for, plan_request
+from ..transports import Peer, Transfer, TransferState, Writes
+from .control import tcp
+from .roles import RoleWorker, refusal_reason_label
+
+log = logging.getLogger("pdpair.agent.prefill")
+
+
+@dataclass(eq=False)
+class DecodePeer:
+    label: str
+    address: str
+    peer: Peer
+    layout: PeerLayout
+    pairing: Any
+    legacy_flat_state: bool
+
+
+@dataclass(eq=False)
+class PrefillRoom:
+    decode: DecodePeer
+    src: tuple[np.ndarray, int | None, list[np.ndarray | None]]
+    pending: dict[int, tuple[Transfer, float, int, int]] = field(default_factory=dict)
+    """component id → (transfer, start, bytes, writes)."""
+
+
+class PrefillWorker(RoleWorker):
+    role = "prefill"
+
+    def setup(self) -> None:
+        self.peers: dict[str, DecodePeer] = {}
+        self._forward: queue.Queue[Any] = queue.Queue()
+        self._filled: queue.Queue[Any] = queue.Queue()
+
+    def idle_wait(self) -> float:
+        """Rooms waiting for the engine thread: look again soon for their filled sources."""
+        return 0.0005 if len(self.rooms) else super().idle_wait()
+
+    def start(self, stop: threading.Event) -> None:
+        super().start(stop)
+        threading.Thread(target=self._engine_loop, args=(stop,), name="pdpair-engine", daemon=True).start()
+        self._hb_seq = 0
+        self._next_hb = 0.0
+
+    # ---- registration -------------------------------------------------------------------
+    def on_sglang(self, frames: list[bytes]) -> None:
+        if len(frames) > 1 and frames[1] == b"None":
+            self.on_registration(frames)
+        else:
+            self.on_metadata(frames)
+
+    def on_registration(self, frames: list[bytes]) -> None:
+        try:
+            reg = decode_registration(frames)
+        except BadInput as exc:
+            self.refuse("unknown", "", f"malformed registration: {exc}")
+            return
+        address = tcp(reg.endpoint, reg.dst_port)
+        label = f"decode-{reg.decode_tp_rank}@{reg.endpoint}"
+        try:
+            if reg.manifest is not None:
+                check_compatible(self.manifest, reg.manifest)
+            else:
+                log.warning(
+                    "decode %s sent no manifest (plain sglang peer): pairing without schema check", label
+                )
+            self.accept(label, address, reg)
+        except IncompatiblePeer as exc:
+            self.refuse(label, address, exc.reason)
+        except PDPairError as exc:
+            self.refuse(label, address, f"cannot pair: {exc}")
+
+    def accept(self, label: str, address: str, reg: Registration) -> None:
+        old = self.peers.pop(address, None)
+        if old is not None:
+            self.drop_peer(old, "decode re-registered")
+        blobs = [
+            *reg.dst_kv_mem_descs,
+            *reg.dst_aux_mem_descs,
+            *(b for c in reg.dst_state_mem_descs for b in c),
+        ]
+        peer = self.transport.connect(label, reg.engine_desc, blobs)
+        sizes = [int(s) for s in peer.remote_sizes]
+        n_kv, n_aux = len(reg.dst_kv_mem_descs), len(reg.dst_aux_mem_descs)
+        state_sizes, at = [], n_kv + n_aux
+        for comp in reg.dst_state_mem_descs:
+            state_sizes.append(sizes[at : at + len(comp)])
+            at += len(comp)
+        try:
+            layout = PeerLayout.from_registration(
+                tp_size=reg.decode_tp_size,
+                tp_rank=reg.decode_tp_rank,
+                kv_item_len=reg.dst_kv_item_len,
+                kv_region_sizes=sizes[:n_kv],
+                kv_layer_ids=reg.dst_kv_layer_ids,
+                aux_item_lens=[s // self.schema.aux.num_items for s in sizes[n_kv : n_kv + n_aux]],
+                aux_region_sizes=sizes[n_kv : n_kv + n_aux],
+                state_item_lens=reg.dst_state_item_lens,
+                state_region_sizes=state_sizes,
+                state_dim_per_tensor=reg.dst_state_dim_per_tensor,
+                state_layer_ids=reg.dst_state_layer_ids,
+                state_types=[c.state_type for c in reg.manifest.components] if reg.manifest else None,
+            )
+            pairing = pairing_for(self.schema, layout)
+        except PDPairError:
+            self.transport.disconnect(peer)
+            raise
+        self.peers[address] = DecodePeer(label, address, peer, layout, pairing, reg.legacy_flat_state)
+        hello = Hello(
+            agent_id=self.agent_id,
+            generation=self.generation,
+            role="prefill",
+            manifest=encode_manifest(self.manifest),
+        )
+        self.pushers.send(address, [encode_control(hello)])
+        self.paired(label)
+
+    def refuse(self, label: str, address: str, reason: str) -> None:
+        log.warning("refusing %s: %s", label, reason)
+        self.metrics.record_refusal(label, refusal_reason_label(reason))
+        self.status.peer_refused(label, reason, by="self")
+        if address:
+            self.pushers.send(address, [encode_control(Refused(reason=reason, agent_id=self.agent_id))])
+
+    def drop_peer(self, dp: DecodePeer, reason: str) -> None:
+        for room in self.rooms.fail_peer(dp.label, f"{reason}: {dp.label}"):
+            self.finish(room, KVPoll.Failed, notify=False)
+        try:
+            self.transport.disconnect(dp.peer)
+        except TransferFailed as exc:
+            log.warning("disconnect %s: %s", dp.label, exc)
+        self.metrics.peer_down(dp.label)
+        self.status.peer_down(dp.label, reason)
+
+    # ---- rooms --------------------------------------------------------------------------
+    def on_metadata(self, frames: list[bytes]) -> None:
+        try:
+            md = decode_metadata(frames)
+            dp = self.peers.get(tcp(md.endpoint, md.dst_port))
+            if dp is not None and dp.legacy_flat_state:
+                md = decode_metadata(frames, legacy_flat_state=True)
+        except BadInput as exc:
+            log.warning("dropping malformed transfer metadata: %s", exc)
+            return
+        if dp is None:
+            self.send_status(
+                tcp(md.endpoint, md.dst_port), md.room, KVPoll.Failed, "decode is not registered"
+            )
+            return
+        try:
+            self.start_room(dp, md)
+        except PDPairError as exc:
+            self.send_status(dp.address, md.room, KVPoll.Failed, str(exc))
+            self.metrics.record_outcome(dp.label, "failed", "plan")
+
+    def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
+        """Register the room and hand it to the engine thread (the synthetic "forward pass")."""
+        key = (dp.address, md.room)
+        self.rooms.add(key, md.room, dp.label, self.timeout)
+        self.rooms.advance(key, KVPoll.WaitingForInput)
+        self._forward.put((key, dp, md))
+
+    def _engine_loop(self, stop: threading.Event) -> None:
+        """Allocate and fill sources off the worker thread, so transfers are polled meanwhile
+        (numpy releases the GIL while it fills)."""
+        while not stop.is_set():
+            try:
+                key, dp, md = self._forward.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            counts = [len(s) for s in md.dst_state_indices]
+            with self.pool_lock:
+                src = self.allocate([len(md.dst_kv_indices)], md.dst_aux_index >= 0, counts)
+            if src is not None and self.cfg.synthetic.verify:
+                self.engine.fill(md.room, *src)
+            self._filled.put((key, dp, md, src))
+
+    def start_writes(self) -> None:
+        """Rooms whose sources are filled: plan and start one write per component."""
+        while True:
+            try:
+                key, dp, md, src = self._filled.get_nowait()
+            except queue.Empty:
+                return
+            room = self.rooms.get(key)
+            if src is None:
+                self.finish(self.rooms.fail(key, "prefill pools exhausted"), KVPoll.Failed)
+                continue
+            if room is None:
+                self.release(src)
+                continue
+            try:
+                self.write_room(room, dp, md, src)
+            except PDPairError as exc:
+                self.finish(self.rooms.fail(key, f"plan: {exc}"), KVPoll.Failed)
+
+    def write_room(self, room: Any, dp: DecodePeer, md: TransferMetadata, src: Any) -> None:
+        key = room.key
+        room.data = PrefillRoom(dp, src)
+        kv, aux, state = src
+        dst_state = list(md.dst_state_indices)
+        req = RequestIndices(
+            kv, md.dst_kv_indices, aux, md.dst_aux_index if aux is not None else None, state, dst_state
+        )
+        plan = plan_request(self.schema, dp.layout, req, pairing=dp.pairing)
+        self.rooms.advance(key, KVPoll.Transferring)
+        if len(plan) == 0:
+            self.finish(self.rooms.advance(key, KVPoll.Success), KVPoll.Success)
+            return
+        for comp in np.unique(plan.component).tolist():
+            part = plan.select(plan.component == comp)
+            start = time.perf_counter()
+            room.data.pending[comp] = (
+                self.transport.write(dp.peer, _writes(part)),
+                start,
+                part.total_bytes,
+                len(part),
+            )
+
+    def poll_transfers(self) -> int:
+        """Advance every in-flight room; returns how many transfers are still running."""
+        self.start_writes()
+        running = 0
+        for room in self.rooms.live():
+            pr: PrefillRoom | None = room.data
+            if pr is None or not pr.pending:
+                continue
+            for comp, (transfer, start, nbytes, writes) in list(pr.pending.items()):
+                state = self.transport.poll(transfer)
+                if state is TransferState.IN_PROGRESS:
+                    running += 1
+                    continue
+                del pr.pending[comp]
+                if state is TransferState.FAILED:
+                    self.transfer_failed(room.key, transfer.error)
+                    break
+                end = time.perf_counter()
+                self.account(comp, room.peer, nbytes, writes, end - start, start, end)
+            if not pr.pending and room.state != KVPoll.Failed:
+                self.finish(self.rooms.advance(room.key, KVPoll.Success), KVPoll.Success)
+        return running
+
+    def transfer_failed(self, key: Any, error: TransferFailed | None) -> None:
+        kind = "peer_gone" if isinstance(error, PeerGone) else "transfer"
+        self.metrics.record_engine_error(kind)
+        self.finish(self.rooms.fail(key, f"transfer failed: {error}"), KVPoll.Failed)
+
+    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
+        """A room left the table: abort leftovers, free sources, tell decode, count the outcome."""
+        if room is None:
+            return
+        pr: PrefillRoom | None = room.data
+        if pr is not None:
+            for transfer, *_ in pr.pending.values():
+                self.transport.abort(transfer)
+            pr.pending.clear()
+            with self.pool_lock:
+                self.release(pr.src)
+        if notify:
+            address = room.key[0]
+            self.send_status(address, room.room, state, room.reason if state == KVPoll.Failed else "")
+        self.count_outcome(room)
+
+    def send_status(self, address: str, room: int, state: KVPoll, reason: str) -> None:
+        msg = StatusMessage(
+            room=room, status=state, prefill_rank=self.schema.tp_rank, failure_reason=reason or None
+        )
+        self.pushers.send(address, encode_status(msg))
+
+    def on_control(self, frames: list[bytes]) -> None:
+        msg = decode_control(frames[0])
+        if isinstance(msg, Abort):
+            for room in [r for r in self.rooms.live() if r.room == msg.room]:
+                self.finish(self.rooms.fail(room.key, f"aborted by decode: {msg.reason}"), KVPoll.Failed)
+
+    def tick(self, now: float) -> None:
+        """Heartbeats to every paired decode (decode fails our rooms when they stop)."""
+        if now < self._next_hb:
+            return
+        self._next_hb = now + self.cfg.transfer.heartbeat_interval_seconds
+        self._hb_seq += 1
+        beat = encode_control(Heartbeat(agent_id=self.agent_id, seq=self._hb_seq, time_ns=time.time_ns()))
+        for dp in self.peers.values():
+            self.pushers.send(dp.address, [beat])
+
+
+def _writes(plan: Any) -> Writes:
+    """Adapter: ``WritePlan``'s frozen arrays do not satisfy ``WriteSpec``'s settable protocol members
+    for mypy (same fields, read-only); normalise through ``Writes.of`` until the protocol says so."""
+    return Writes.of(plan)
+
+
+__all__ = ["PrefillWorker"]

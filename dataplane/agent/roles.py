@@ -1,0 +1,225 @@
+"""What both role workers share: identity, control sockets, rooms, pools and allocators, accounting,
+and the one loop that drives them — drain the inbox, poll transfers, expire rooms, tick.
+
+The loop never blocks longer than ``IDLE_WAIT`` and busy-polls (yielding the GIL) only while transfers
+are in flight, so deadlines are checked at least that often and an idle agent costs no CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ..codec import GUARD, KVPoll, manifest_from_schema
+from ..config import AgentConfig
+from ..errors import BadInput, PDPairError
+from ..schema import AUX_COMPONENT, KV_COMPONENT, RoleSchema
+from ..transports import Transport
+from .control import Inbox, Pushers
+from .health import AgentStatus
+from .metrics import AgentMetrics, reason_label
+from .pools import IndexAllocator, MemoryPools
+from .rooms import Room, RoomTable
+from .stats import StatsBook
+from .synthetic import SyntheticEngine
+
+log = logging.getLogger("pdpair.agent")
+
+IDLE_WAIT = 0.01
+DRAIN = 256
+
+Sources = tuple[np.ndarray, int | None, list[np.ndarray | None]]
+
+_REFUSAL_KINDS = (
+    ("generation", "generation_mismatch"),
+    ("unknown state type", "unknown_state_type"),
+    ("model", "model_mismatch"),
+    ("page size", "page_size_mismatch"),
+    ("kv ", "kv_mismatch"),
+    ("declares", "component_count_mismatch"),
+    ("component", "component_mismatch"),
+    ("malformed", "wire_format"),
+    ("manifest", "wire_format"),
+    ("expected a prefill", "role_mismatch"),
+)
+
+
+def refusal_reason_label(reason: str) -> str:
+    """A bounded metric label for a refusal; the full reason goes to logs and ``/status``."""
+    low = reason.lower()
+    for needle, label in _REFUSAL_KINDS:
+        if needle in low:
+            return label
+    return reason_label(reason)
+
+
+class RoleWorker:
+    role = "agent"
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        schema: RoleSchema,
+        pools: MemoryPools,
+        transport: Transport,
+        metrics: AgentMetrics,
+        status: AgentStatus,
+        *,
+        ctx: zmq.Context,
+        name: str,
+        instance: str,
+        blobs: list[bytes] | None = None,
+    ):
+        self.cfg, self.schema, self.pools, self.transport = cfg, schema, pools, transport
+        self.metrics, self.status, self.stats = metrics, status, StatsBook()
+        self.name, self.instance = name, instance
+        self.blobs = list(blobs or [])
+        """Descriptor blob of each registered region (canonical order), from ``transport.register``."""
+        self.agent_id = f"{name}@{instance}"
+        self.generation = cfg.identity.generation
+        self.manifest = manifest_from_schema(schema, role=self.role, generation=self.generation)  # type: ignore[arg-type]
+        self.timeout = cfg.transfer.timeout_seconds
+        self.inbox = Inbox(ctx, cfg.listen.host, cfg.listen.control_port)
+        self.pushers = Pushers(ctx)
+        self.rooms = RoomTable()
+        self.engine = SyntheticEngine(pools)
+        self.kv_pages = IndexAllocator("kv", schema.kv.num_pages)
+        self.aux_slots = IndexAllocator("aux", schema.aux.num_items)
+        self.state_items = [IndexAllocator(c.name, c.num_items) for c in schema.components]
+        self._names = {KV_COMPONENT: ("kv", "kv"), AUX_COMPONENT: ("aux", "aux")}
+        self._names.update({i: (c.name, c.state_type) for i, c in enumerate(schema.components)})
+        self.thread: threading.Thread | None = None
+        self.pool_lock = threading.Lock()
+        """Guards the allocators when a role fills sources on another thread (prefill's engine)."""
+        self.setup()
+
+    def setup(self) -> None:
+        """Role-specific state (subclasses)."""
+
+    # ---- the loop -------------------------------------------------------------------------
+    def start(self, stop: threading.Event) -> None:
+        self.thread = threading.Thread(target=self.run, args=(stop,), name=f"pdpair-{self.role}", daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def run(self, stop: threading.Event) -> None:
+        running = 0
+        while not stop.is_set():
+            first = self.inbox.recv(0 if running else self.idle_wait())
+            for frames in ([first] if first else []) + (self.inbox.drain(DRAIN) if first else []):
+                self.dispatch(frames)
+            running = self.poll_transfers()
+            now = time.monotonic()
+            for room in self.rooms.expire(now):
+                self.on_expired(room)
+            self.tick(now)
+            self.metrics.set_inflight(len(self.rooms))
+            if running:
+                time.sleep(0)
+        self.shutdown()
+
+    def idle_wait(self) -> float:
+        return IDLE_WAIT
+
+    def dispatch(self, frames: list[bytes]) -> None:
+        try:
+            if frames and frames[0] == GUARD:
+                self.on_sglang(frames)
+            elif len(frames) == 1:
+                self.on_control(frames)
+            else:
+                raise BadInput(f"unrecognised control message of {len(frames)} frames")
+        except PDPairError as exc:
+            log.warning("%s: dropping message: %s", self.role, exc)
+        except Exception:
+            # A bug handling one message must not take the agent down with every other room.
+            log.exception("%s: error handling a control message", self.role)
+            self.metrics.record_engine_error("internal")
+
+    def on_sglang(self, frames: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def on_control(self, frames: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def poll_transfers(self) -> int:
+        return 0
+
+    def on_expired(self, room: Room) -> None:
+        self.finish(room, KVPoll.Failed)
+
+    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
+        raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        """Periodic work: heartbeats, request generation (subclasses)."""
+
+    def shutdown(self) -> None:
+        self.pushers.close()
+        self.inbox.close()
+
+    # ---- pools ----------------------------------------------------------------------------
+    def allocate(self, kv: list[int], aux: bool, state: list[int]) -> Sources | None:
+        """Items for one request, or None (nothing taken) when a pool is short."""
+        if len(state) > len(self.state_items):
+            raise BadInput(
+                f"request names {len(state)} state components; the schema has {len(self.state_items)}"
+            )
+        kv_idx = self.kv_pages.take(sum(kv))
+        aux_idx = self.aux_slots.take(1) if aux else np.empty(0, dtype=np.int32)
+        st = [
+            a.take(n) if n else np.empty(0, dtype=np.int32)
+            for a, n in zip(self.state_items, state, strict=False)
+        ]
+        if kv_idx is None or aux_idx is None or any(s is None for s in st):
+            self.release((kv_idx, int(aux_idx[0]) if aux_idx is not None and len(aux_idx) else None, st))
+            return None
+        st += [None] * (len(self.state_items) - len(st))
+        return kv_idx, (int(aux_idx[0]) if len(aux_idx) else None), st
+
+    def release(self, src: tuple[Any, int | None, list[Any]]) -> None:
+        kv, aux, state = src
+        if kv is not None:
+            self.kv_pages.give(kv)
+        if aux is not None:
+            self.aux_slots.give([aux])
+        for alloc, idx in zip(self.state_items, state, strict=False):
+            if idx is not None:
+                alloc.give(idx)
+
+    # ---- accounting -------------------------------------------------------------------------
+    def component_name(self, comp: int) -> tuple[str, str]:
+        return self._names.get(comp, (f"component-{comp}", "unknown"))
+
+    def account(
+        self, comp: int, peer: str, nbytes: int, writes: int, seconds: float | None, start: float, end: float
+    ) -> None:
+        name, stype = self.component_name(comp)
+        self.metrics.record_component(name, stype, peer, nbytes, writes, seconds)
+        self.stats.record(name, stype, nbytes, writes, seconds)
+        self.stats.window(start, end)
+
+    def paired(self, label: str, instance: str = "") -> None:
+        log.info("%s paired with %s", self.role, label)
+        self.metrics.record_handshake(label)
+        self.status.peer_paired(label, instance)
+
+    def count_outcome(self, room: Room) -> None:
+        if room.state == KVPoll.Success:
+            self.metrics.record_outcome(room.peer, "success")
+            return
+        aborted = room.reason.startswith("aborted")
+        self.metrics.record_outcome(room.peer, "aborted" if aborted else "failed", reason_label(room.reason))
+        log.warning("%s room %d (%s) failed: %s", self.role, room.room, room.peer, room.reason)
+
+    def snapshot(self) -> dict[str, Any]:
+        out = {"rooms": self.rooms.snapshot(), "dropped_control_messages": self.pushers.dropped}
+        out.update(self.stats.snapshot())
+        return out

@@ -1,0 +1,162 @@
+"""Wiring: config → schema → pools → transport → role worker → HTTP servers, and orderly shutdown.
+
+``AgentRuntime`` is what ``pdpair-agent run`` drives and what tests and library users embed: it takes
+an ``AgentConfig`` and, optionally, pre-made pools (adopted engine memory), a transport (e.g. MoRI
+with the test double) and a pod-condition reporter. ``start`` returns once every listener is bound;
+``ports`` then says where (ports 0 in the config pick free ones).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from ..config import AgentConfig
+from ..schema import RoleSchema
+from ..schema.profiles import schema_from_config
+from ..transports import Transport
+from .bootstrap import BootstrapRegistry, RankInfo, announce_rank
+from .decode import DecodeWorker
+from .health import AgentStatus, ConditionReporter
+from .http import AgentHttpServer
+from .metrics import CONTENT_TYPE, AgentMetrics
+from .pools import MemoryPools
+from .prefill import PrefillWorker
+from .roles import RoleWorker
+
+log = logging.getLogger("pdpair.agent.runtime")
+
+
+def make_transport(cfg: AgentConfig, engine_name: str) -> Transport:
+    """The configured engine; its SDK is imported only here, lazily."""
+    if cfg.transfer.backend == "mori":
+        from ..transports.mori import MoriTransport
+
+        return MoriTransport(engine_name, cfg.listen.host, cfg.transfer.mori)
+    from ..transports.nixl import NixlTransport
+
+    return NixlTransport(engine_name, cfg.transfer.nixl)
+
+
+class AgentRuntime:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        schema: RoleSchema | None = None,
+        pools: MemoryPools | None = None,
+        transport: Transport | None = None,
+        reporter: ConditionReporter | None = None,
+        worker_factory: Callable[..., RoleWorker] | None = None,
+    ):
+        self.cfg = cfg
+        self.instance = uuid.uuid4().hex[:12]
+        self.name = cfg.identity.pod_name or f"{cfg.role}-{cfg.tp_rank}"
+        self.agent_id = f"{self.name}@{self.instance}"
+        self.schema = schema or (pools.schema if pools else schema_from_config(cfg))
+        self.pools = pools or MemoryPools.allocate(self.schema, cfg.transfer.device, cfg.transfer.gpu_id)
+        self.transport = transport or make_transport(cfg, self.agent_id)
+        blobs = self.transport.register(self.pools.memory_regions())
+        self.metrics = AgentMetrics(cfg.role, self.name)
+        self.status = AgentStatus(cfg.role, self.name, self.instance, reporter)
+        self.ctx = zmq.Context()
+        # worker_factory: the sidecar's hook (dataplane.localapi): rooms from a serving engine.
+        role_cls: Callable[..., RoleWorker] = worker_factory or (
+            PrefillWorker if cfg.role == "prefill" else DecodeWorker
+        )
+        self.worker = role_cls(
+            cfg,
+            self.schema,
+            self.pools,
+            self.transport,
+            self.metrics,
+            self.status,
+            ctx=self.ctx,
+            name=self.name,
+            instance=self.instance,
+            blobs=blobs,
+        )
+        self.status.set_probes(self.worker.alive, self.worker.snapshot)
+        self.stop_event = threading.Event()
+        self.servers: list[AgentHttpServer] = []
+        self.registry: BootstrapRegistry | None = None
+
+    def _rank_info(self) -> RankInfo:
+        return RankInfo(
+            self.cfg.tp_rank,
+            self.cfg.listen.host,
+            self.worker.inbox.port,
+            self.instance,
+            self.agent_id,
+            self.cfg.identity.generation,
+        )
+
+    def start(self) -> AgentRuntime:
+        listen = self.cfg.listen
+        health = self.status.routes(self.metrics.exposition, CONTENT_TYPE)
+        self.servers.append(AgentHttpServer(listen.host, listen.metrics_port, health, "metrics").start())
+        if self.cfg.role == "prefill" and self.cfg.tp_rank == 0:
+            comps = tuple((c.name, c.state_type) for c in self.schema.components)
+            self.registry = BootstrapRegistry(
+                self._rank_info(), self.schema.tp_size, self.schema.model, comps
+            )
+            routes = {**health, **self.registry.routes()}
+            self.servers.append(
+                AgentHttpServer(listen.host, listen.bootstrap_port, routes, "bootstrap").start()
+            )
+        elif self.cfg.role == "prefill":
+            threading.Thread(target=self._announce, name="pdpair-announce", daemon=True).start()
+        self.worker.start(self.stop_event)
+        log.info("agent %s (%s) up: %s", self.agent_id, self.cfg.role, json.dumps(self.ports))
+        return self
+
+    def _announce(self) -> None:
+        """Prefill ranks above 0 (re-)announce themselves to rank 0's bootstrap endpoint."""
+        peer, info = self.cfg.peer, self._rank_info()
+        while not self.stop_event.is_set():
+            try:
+                announce_rank(peer.bootstrap_host, peer.bootstrap_port, info)
+            except OSError as exc:
+                log.debug("announcing rank %d: %s", info.rank, exc)
+            self.stop_event.wait(self.cfg.transfer.heartbeat_interval_seconds)
+
+    @property
+    def ports(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "control_port": self.worker.inbox.port,
+            "metrics_port": self.servers[0].port if self.servers else None,
+            "instance": self.instance,
+            "agent": self.agent_id,
+            "pid": os.getpid(),
+            "host": self.cfg.listen.host,
+        }
+        if len(self.servers) > 1:
+            out["bootstrap_port"] = self.servers[1].port
+        return out
+
+    def write_ready_file(self, path: str | Path) -> None:
+        """Atomically publish ``ports`` (tests and the demo wait for this file)."""
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(json.dumps(self.ports))
+        tmp.replace(path)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.stop_event.wait(timeout)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.worker.thread is not None:
+            self.worker.thread.join(timeout=10)
+        for server in self.servers:
+            server.stop()
+        self.transport.close()
+        self.ctx.destroy(linger=0)
+        log.info("agent %s stopped", self.agent_id)

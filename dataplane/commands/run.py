@@ -1,0 +1,117 @@
+"""``pdpair-agent run``: what a pod runs — one agent of one role and rank, until SIGTERM.
+
+The operator renders ``pdpair-agent run --role <role> --config /etc/pdpair/agent.yaml --listen-host
+$(POD_IP) --pod-name $(POD_NAME) --namespace $(POD_NAMESPACE)``; flags override the file's fields.
+With a pod name and namespace, handshake outcomes are reported as the pod condition
+``pdpair.io/TransferReady``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+LOG_FIELDS = ("name", "levelname", "message")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg (+ exc)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(fmt: str, level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run one agent (what pods run)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--role", choices=("prefill", "decode"), required=True)
+    p.add_argument("--config", required=True, metavar="FILE", help="agent config (YAML or JSON)")
+    p.add_argument("--listen-host", help="address every listener binds (overrides listen.host)")
+    p.add_argument("--pod-name", help="this pod (identity.podName); enables the pod condition")
+    p.add_argument("--namespace", help="this pod's namespace (identity.namespace)")
+    p.add_argument("--tp-rank", type=int, help="this agent's TP rank (overrides tpRank)")
+    p.add_argument("--log-format", choices=("plain", "json"), default="plain")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--ready-file", metavar="FILE", help="write the bound ports here as JSON once up")
+    p.set_defaults(handler=run)
+
+
+def load(args: argparse.Namespace) -> Any:
+    import msgspec
+
+    from ..config import load_config
+
+    cfg = load_config(args.config)
+    ident = cfg.identity
+    ident = msgspec.structs.replace(
+        ident, pod_name=args.pod_name or ident.pod_name, namespace=args.namespace or ident.namespace
+    )
+    listen = msgspec.structs.replace(cfg.listen, host=args.listen_host or cfg.listen.host)
+    tp_rank = cfg.tp_rank if args.tp_rank is None else args.tp_rank
+    return msgspec.structs.replace(cfg, role=args.role, identity=ident, listen=listen, tp_rank=tp_rank)
+
+
+def pod_reporter(cfg: Any) -> Any:
+    """``PodStatusReporter`` when running in a pod (namespace and pod name known), else None."""
+    ident = cfg.identity
+    if not (ident.pod_name and ident.namespace):
+        return None
+    try:
+        from ..podstatus import PodStatusReporter
+    except ImportError as exc:
+        logging.getLogger("pdpair.agent").warning("pod conditions disabled: %s", exc)
+        return None
+    return PodStatusReporter(ident.namespace, ident.pod_name)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_format, args.log_level)
+    from ..agent import AgentRuntime
+
+    cfg = load(args)
+    if cfg.localapi.engine.mode == "external":
+        from ..localapi.sidecar import serve
+
+        return serve(cfg, reporter=pod_reporter(cfg), ready_file=args.ready_file)
+    runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg)).start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: runtime.stop_event.set())
+    if args.ready_file:
+        runtime.write_ready_file(args.ready_file)
+    while not runtime.wait(0.5):
+        if not runtime.worker.alive():
+            logging.getLogger("pdpair.agent").error("worker thread died; exiting")
+            break
+    crashed = not runtime.worker.alive()
+    started = time.monotonic()
+    runtime.stop()
+    logging.getLogger("pdpair.agent").info("shutdown took %.2fs", time.monotonic() - started)
+    return 1 if crashed else 0

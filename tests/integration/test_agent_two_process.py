@@ -1,0 +1,210 @@
+"""Two (or three) real agent processes on loopback moving real bytes over NIXL, verified on decode.
+
+Every test starts ``pdpair-agent run`` processes through ``dataplane.agent.launch`` and reads their
+``/status`` and ``/metrics`` endpoints — the same surfaces an operator or Prometheus sees.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.request
+from contextlib import contextmanager
+
+import msgspec
+import pytest
+
+from dataplane.agent.launch import AgentProcess, loopback_pair
+from dataplane.config import (
+    AgentConfig,
+    ComponentConfig,
+    IdentityConfig,
+    ModelConfig,
+    NixlConfig,
+    SyntheticConfig,
+    TransferConfig,
+)
+
+pytestmark = [pytest.mark.nixl, pytest.mark.slow]
+
+HB = 0.5
+
+
+def config(profile="qwen3-next", requests=12, tokens=(700, 0, 2048), **model) -> AgentConfig:
+    return AgentConfig(
+        model=ModelConfig(profile=profile, pool_pages=128, max_requests=8, **model),
+        transfer=TransferConfig(timeout_seconds=5, heartbeat_interval_seconds=HB, heartbeat_misses=6),
+        synthetic=SyntheticConfig(requests_per_second=0, requests=requests, tokens=tokens, max_inflight=3),
+    )
+
+
+@contextmanager
+def agents(tmp_path, base, prefill_tp=1, decode_tp=1, decode_base=None):
+    pcfgs, dcfgs = loopback_pair(base, prefill_tp=prefill_tp, decode_tp=decode_tp)
+    if decode_base is not None:
+        _, dcfgs = loopback_pair(
+            decode_base,
+            prefill_tp=prefill_tp,
+            decode_tp=decode_tp,
+            bootstrap_port=pcfgs[0].listen.bootstrap_port,
+        )
+    procs = [AgentProcess(c, tmp_path, f"prefill-{c.tp_rank}") for c in pcfgs]
+    procs += [AgentProcess(c, tmp_path, f"decode-{c.tp_rank}") for c in dcfgs]
+    try:
+        for p in procs:
+            p.wait_ready()
+        yield procs[:prefill_tp], procs[prefill_tp:]
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def wait_for(pred, timeout=90.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def finished(decode, n):
+    return all(d.status()["requests"]["completed"] >= n for d in decode)
+
+
+def assert_all_verified(decode, n, components):
+    for d in decode:
+        st = d.status()
+        assert st["requests"]["succeeded"] == n, (st["requests"], d.log_tail())
+        assert st["requests"]["verification_failures"] == 0
+        seen = st["components"]
+        assert set(components) <= set(seen), seen
+        for name, c in seen.items():
+            assert c["bytes"] > 0 and c["verified_bytes"] == c["bytes"] and c["mismatched_bytes"] == 0, name
+
+
+@pytest.mark.parametrize(
+    ("profile", "components"),
+    [
+        ("qwen3-next", {"kv", "aux", "mamba"}),
+        ("deepseek-v3.2", {"kv", "aux", "dsa"}),
+        ("gpt-oss", {"kv", "aux", "swa"}),
+        ("minimax-m2", {"kv", "aux", "dense_kv"}),
+    ],
+)
+def test_profile_moves_and_verifies_every_component(tmp_path, profile, components):
+    with agents(tmp_path, config(profile)) as (_, decode):
+        wait_for(lambda: finished(decode, 12), what="12 requests")
+        assert_all_verified(decode, 12, components)
+        metrics = urllib.request.urlopen(decode[0].url + "/metrics", timeout=2).read().decode()
+        assert 'pdpair_agent_verified_bytes_total{component="kv"' in metrics
+
+
+def test_positional_state_types(tmp_path):
+    types = ["swa_ring", "c128_state", "qsa_pending", "qsa_compressed", "minimax_index_k"]
+    comps = [ComponentConfig(name=t, state_type=t, item_lens=[1024, 512], num_items=128) for t in types]
+    base = config(profile=None, kv_item_len=4096, kv_layers=2, components=comps)
+    with agents(tmp_path, base) as (_, decode):
+        wait_for(lambda: finished(decode, 12), what="12 requests")
+        assert_all_verified(decode, 12, {"kv", *types})
+
+
+@pytest.mark.parametrize(("ptp", "dtp"), [(1, 2), (2, 1)])
+def test_tp_mismatched_mamba(tmp_path, ptp, dtp):
+    with agents(tmp_path, config(requests=8), prefill_tp=ptp, decode_tp=dtp) as (_, decode):
+        wait_for(lambda: finished(decode, 8), timeout=60, what="8 requests per decode rank")
+        assert_all_verified(decode, 8, {"kv", "mamba"})
+
+
+def test_all_empty_requests_complete(tmp_path):
+    with agents(tmp_path, config(requests=5, tokens=(0,))) as (_, decode):
+        wait_for(lambda: finished(decode, 5), what="5 empty requests")
+        st = decode[0].status()
+        assert st["requests"]["succeeded"] == 5 and st["components"] == {}
+
+
+def test_schema_mismatch_refused_on_both_sides(tmp_path):
+    other = config(dtype="float16")
+    with agents(tmp_path, config(), decode_base=other) as (prefill, decode):
+        wait_for(lambda: decode[0].status()["refusals"], what="refusal on decode")
+        d, p = decode[0].status(), prefill[0].status()
+        assert "kv dtype bfloat16 on prefill vs float16 on decode" in d["refusals"][0]["reason"]
+        assert d["refusals"][0]["refused_by"] == "peer"
+        assert "kv dtype bfloat16" in p["refusals"][0]["reason"] and not p["ready"] and not d["ready"]
+        for agent in (prefill[0], decode[0]):
+            text = urllib.request.urlopen(agent.url + "/metrics", timeout=2).read().decode()
+            assert 'reason="kv_mismatch"' in text
+
+
+def test_generation_mismatch_refused(tmp_path):
+    base = msgspec.structs.replace(config(), identity=IdentityConfig(generation="g1"))
+    other = msgspec.structs.replace(config(), identity=IdentityConfig(generation="g2"))
+    with agents(tmp_path, base, decode_base=other) as (_, decode):
+        wait_for(lambda: decode[0].status()["refusals"], what="refusal")
+        assert "generation g1 ≠ decode generation g2" in decode[0].status()["refusals"][0]["reason"]
+
+
+def test_dead_prefill_fails_rooms_by_heartbeat(tmp_path):
+    slow = msgspec.structs.replace(
+        config(requests=0),
+        synthetic=SyntheticConfig(requests_per_second=5, requests=0, tokens=(700,), max_inflight=2),
+    )
+    with agents(tmp_path, slow) as (prefill, decode):
+        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="some requests")
+        prefill[0].signal(signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: decode[0].status()["prefill"]["0"]["state"] == "down", timeout=10, what="peer down")
+        assert time.monotonic() - killed < HB * 6 + 2.5
+        st = decode[0].status()
+        assert st["rooms"]["inflight"] == 0 and not st["ready"]
+        assert "heartbeat lost" in next(iter(st["peers"].values()))["reason"]
+
+
+def test_prefill_replaced_behind_bootstrap_rehandshakes(tmp_path):
+    slow = msgspec.structs.replace(
+        config(requests=0),
+        synthetic=SyntheticConfig(requests_per_second=10, requests=0, tokens=(700,), max_inflight=2),
+    )
+    with agents(tmp_path, slow) as (prefill, decode):
+        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="first requests")
+        old = decode[0].status()["prefill"]["0"]["instance"]
+        prefill[0].stop()
+        replacement = AgentProcess(prefill[0].cfg, tmp_path, "prefill-0-new")
+        try:
+            replacement.wait_ready()
+            wait_for(lambda: decode[0].status()["prefill"]["0"]["instance"] != old, what="new instance")
+            before = decode[0].status()["requests"]["succeeded"]
+            wait_for(
+                lambda: decode[0].status()["requests"]["succeeded"] >= before + 3, what="requests resume"
+            )
+            assert decode[0].status()["prefill"]["0"]["state"] == "paired"
+            assert decode[0].status()["requests"]["verification_failures"] == 0
+        finally:
+            replacement.stop()
+
+
+def test_deadline_frees_prefill_worker_when_decode_freezes(tmp_path):
+    tcp = msgspec.structs.replace(
+        config(requests=0),
+        transfer=TransferConfig(
+            timeout_seconds=1.5,
+            heartbeat_interval_seconds=HB,
+            nixl=NixlConfig(ucx_tls="tcp", ucx_net_devices="lo"),
+        ),
+        synthetic=SyntheticConfig(requests_per_second=20, requests=0, tokens=(4096,), max_inflight=3),
+    )
+    with agents(tmp_path, tcp) as (prefill, decode):
+        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="first requests")
+        decode[0].signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.5)
+            wait_for(
+                lambda: prefill[0].status()["rooms"]["inflight"] == 0, timeout=6, what="prefill rooms freed"
+            )
+            p = prefill[0].status()
+            assert p["rooms"]["finished"].get("failed", 0) >= 1 or p["rooms"]["finished"]["success"] >= 2
+            text = urllib.request.urlopen(prefill[0].url + "/healthz", timeout=2).read()
+            assert b"true" in text
+        finally:
+            decode[0].signal(signal.SIGCONT)
