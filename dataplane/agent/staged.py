@@ -4,7 +4,9 @@
 side registers one staging buffer as an extra region after its pools' canonical regions (decode's is
 the landing buffer, cut into the same ``count`` x ``slot_bytes`` slots), and the two exchange the
 staged messages (``StagedNotice`` / ``StagedAck``, bytes from ``staging.encode_staged``) over an
-ordered channel given as ``send`` — the agent's control channel, or a pipe in the benchmark.
+ordered channel given as ``send``: a pipe in ``bench/gpu_transfer.py``, a list in the tests; the
+prefill / decode workers do not call this module yet (hook points: prefill's ``start_room`` after
+``plan_request`` and its ``poll_transfers``; decode's registration, ``on_control`` and room checks).
 
 Prefill, per request: ``route(room, plan)`` splits the plan by ``choose_paths``; the caller writes the
 returned direct part as before, and the staged part goes gather → one write per slot → notice.

@@ -1,0 +1,175 @@
+"""The staged path's state machines: ``StagedSender`` (prefill) and ``StagedReceiver`` (decode).
+
+Both are driven by the role's one loop thread and never block: ``step()`` advances what the device
+and the engine have finished, and the engine and the notice channel are reached through callables,
+so this module knows no transport (the agent binds them to its ``Transport``; the benchmark too).
+
+Sender, per piece: wait for a slot credit (``SlotPool``; back-pressure) → gather kernel → when its
+event completes, ``post(slot, nbytes, notice)`` one engine write → when ``done(handle)``,
+``notify(notice)`` unless the engine delivered it with the write → on ``StagedAck``, release the
+credit. Receiver, per notice: validate, expand runs to its own arena rows, scatter kernel from the
+landing slot → when its event completes, ``ack(StagedAck)``; a room is complete once all its pieces
+have been scattered (``completed()``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlanError, WireFormatError
+from ..planner import WritePlan
+from .notice import StagedAck, StagedNotice
+from .pool import SlotPool
+from .rows import Runs, expand, pick_chunk, region_rows, runs_of, split
+
+__all__ = ["Piece", "StagedReceiver", "StagedSender", "pieces_of"]
+
+
+@dataclass(eq=False)
+class Piece:
+    room: int
+    seq: int
+    pieces: int
+    src_rows: np.ndarray
+    dst: Runs
+    chunk: int
+    slot: int = -1
+    event: Any = None
+    handle: Any = None
+    notice: StagedNotice | None = None
+    marks: dict[str, float] = field(default_factory=dict)
+    """``time.perf_counter`` when each stage was seen done (gathered, posted, written, acked)."""
+
+
+def pieces_of(
+    room: int, plan: WritePlan, bases: Any, sizes: Any, slot_bytes: int, *, align: int = 1 << 20
+) -> list[Piece]:
+    """Cut one request's staged writes into slot-sized pieces, numbered across the room.
+
+    Each component gets its own row size (``pick_chunk`` of its offsets, sizes and this side's
+    region ``bases``, capped at ``align``, which must divide the receiver's region bases) and so its
+    own gather / scatter kernel: a 64-byte aux slot never forces 64-byte rows on 64 KiB KV pages.
+    ``bases`` / ``sizes`` are each local region's byte offset in the arena and its size."""
+    groups = []
+    comps = np.unique(plan.component).tolist()
+    for comp in comps:
+        part = plan if len(comps) == 1 else plan.select(plan.component == comp)
+        abs_off = np.asarray(bases, dtype=np.int64)[part.local_region] + part.local_offset
+        chunk = pick_chunk(abs_off, part.remote_offset, part.size, limit=align)
+        src = runs_of(part.local_region, part.local_offset, part.size, chunk)
+        rows = expand(src, *region_rows(bases, sizes, chunk))
+        per = max(1, slot_bytes // chunk)
+        dst = split(runs_of(part.remote_region, part.remote_offset, part.size, chunk), per)
+        groups += [(rows[i * per:i * per + d.rows], d, chunk) for i, d in enumerate(dst)]
+    return [Piece(room, i, len(groups), r, d, c) for i, (r, d, c) in enumerate(groups)]
+
+
+@dataclass(eq=False)
+class StagedSender:
+    """Moves queued pieces through ``pool``'s slots. ``post(slot, nbytes, notice) -> handle`` starts
+    the write (the notice may ride it), ``done(handle) -> bool`` polls it (raising on failure),
+    ``notify(notice)`` sends the notice when the engine did not carry it (``None`` if it did)."""
+
+    stager: Any
+    pool: SlotPool
+    post: Callable[[int, int, StagedNotice], Any]
+    done: Callable[[Any], bool]
+    notify: Callable[[StagedNotice], None] | None = None
+    queue: deque[Piece] = field(default_factory=deque)
+    gathering: list[Piece] = field(default_factory=list)
+    writing: list[Piece] = field(default_factory=list)
+    landed: dict[tuple[int, int], Piece] = field(default_factory=dict)
+    finished: deque[Piece] = field(default_factory=lambda: deque(maxlen=1024))
+    """The latest acknowledged pieces, with their stage times (for metrics and benchmarks)."""
+
+    def submit(self, pieces: list[Piece]) -> None:
+        self.queue.extend(pieces)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.queue or self.gathering or self.writing or self.landed)
+
+    def step(self) -> None:
+        while self.queue and (slot := self.pool.try_acquire()) is not None:
+            piece = self.queue.popleft()
+            piece.slot = slot
+            piece.marks["start"] = time.perf_counter()
+            piece.event = self.stager.gather(piece.src_rows, self.pool.offset(slot), piece.chunk)
+            piece.notice = StagedNotice.of(piece.room, piece.seq, piece.pieces, slot, piece.chunk, piece.dst)
+            self.gathering.append(piece)
+        for piece in [p for p in self.gathering if p.event.query()]:
+            self.gathering.remove(piece)
+            assert piece.notice is not None
+            piece.marks["gathered"] = time.perf_counter()
+            piece.handle = self.post(piece.slot, piece.notice.nbytes, piece.notice)
+            piece.marks["posted"] = time.perf_counter()
+            self.writing.append(piece)
+        for piece in [p for p in self.writing if self.done(p.handle)]:
+            self.writing.remove(piece)
+            assert piece.notice is not None
+            piece.marks["written"] = time.perf_counter()
+            if self.notify is not None:
+                self.notify(piece.notice)
+            self.landed[piece.room, piece.seq] = piece
+
+    def on_ack(self, ack: StagedAck) -> Piece:
+        piece = self.landed.pop((ack.room, ack.seq), None)
+        if piece is None or piece.slot != ack.slot:
+            raise WireFormatError(f"staged ack for unknown piece {ack.seq} of room {ack.room}")
+        self.pool.release(piece.slot)
+        piece.marks["acked"] = time.perf_counter()
+        self.finished.append(piece)
+        return piece
+
+    def drop(self, room: int) -> None:
+        """Forget a failed room's pieces not yet written (written ones wait for their acks or the
+        peer's end, so no slot is reused while a write into it may still land)."""
+        self.queue = deque(p for p in self.queue if p.room != room)
+
+
+@dataclass(eq=False)
+class StagedReceiver:
+    """Scatters landed pieces into the arena; ``bases`` / ``sizes`` are each local region's byte offset
+    in the arena and its size, in region-id order (the ids the sender's runs name)."""
+
+    stager: Any
+    pool: SlotPool
+    bases: np.ndarray
+    sizes: np.ndarray
+    ack: Callable[[StagedAck], None]
+    scattering: list[tuple[StagedNotice, Any]] = field(default_factory=list)
+    received: dict[int, int] = field(default_factory=dict)
+    done_rooms: list[int] = field(default_factory=list)
+
+    def on_notice(self, notice: StagedNotice) -> None:
+        runs = notice.runs()
+        if not 0 <= notice.slot < self.pool.count or notice.nbytes > self.pool.slot_bytes:
+            raise WireFormatError(
+                f"staged notice: slot {notice.slot} / {notice.nbytes} B outside the landing slots"
+            )
+        try:
+            rows = expand(runs, *region_rows(self.bases, self.sizes, notice.chunk))
+        except PlanError as exc:
+            raise WireFormatError(f"staged notice for room {notice.room}: {exc}") from exc
+        event = self.stager.scatter(rows, self.pool.offset(notice.slot), notice.chunk)
+        self.scattering.append((notice, event))
+
+    def step(self) -> None:
+        for notice, event in [s for s in self.scattering if s[1].query()]:
+            self.scattering.remove((notice, event))
+            self.ack(StagedAck(notice.room, notice.seq, notice.slot))
+            got = self.received[notice.room] = self.received.get(notice.room, 0) + 1
+            if got == notice.pieces:
+                del self.received[notice.room]
+                self.done_rooms.append(notice.room)
+
+    def completed(self) -> list[int]:
+        """Rooms whose every piece has been scattered since the last call."""
+        out, self.done_rooms = self.done_rooms, []
+        return out
