@@ -8,5 +8,17 @@ setup:
 demo: setup
 	.venv/bin/pdpair-agent demo
 
-test: setup
-	.ci/run
+test:
+	scripts/test
+
+# Local Kubernetes control plane (devcluster; docs/devcluster.md).
+.PHONY: k8s-binaries cluster-up cluster-down
+k8s-binaries:
+	hack/build-k8s.sh
+
+# Builds what is missing, starts a cluster (or reuses the running one); last line: KUBECONFIG=<path>
+cluster-up: k8s-binaries
+	@$(PY) -m devcluster up
+
+cluster-down:
+	@$(PY) -m devcluster down

@@ -1,4 +1,4 @@
-// Wrapper module: builds kube-apiserver, kube-controller-manager and kubectl
+// Wrapper module: builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
 // from k8s.io/kubernetes, with every k8s.io/* staging module replaced by its
 // published v0.x.y. Versions are pinned in ../versions.env; see ../build-k8s.sh.
 module pdpair.local/hack/k8s
@@ -180,6 +180,7 @@ require (
 tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
 )
 

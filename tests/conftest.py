@@ -1,0 +1,47 @@
+"""Shared pytest fixtures.
+
+``cluster`` (session): a real Kubernetes API server for tests marked
+``@pytest.mark.cluster`` (devcluster: etcd, kube-apiserver, controller-manager,
+scheduler, kwok on 127.0.0.1). With ``PDPAIR_TEST_KUBECONFIG=<path>``, or
+``PDPAIR_USE_EXISTING_CLUSTER=1`` and ``KUBECONFIG``, the tests use that cluster
+instead; otherwise one is started in a temporary directory (building missing
+binaries first, see docs/devcluster.md) and stopped when the session ends.
+Tests that do not ask for it never start it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster import Cluster
+from devcluster.cluster import ensure_binaries
+
+
+def _existing_kubeconfig() -> Path | None:
+    explicit = os.environ.get("PDPAIR_TEST_KUBECONFIG")
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("PDPAIR_USE_EXISTING_CLUSTER") == "1" and os.environ.get("KUBECONFIG"):
+        return Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A running cluster (ours, or the one PDPAIR_TEST_KUBECONFIG / KUBECONFIG points at)."""
+    existing = _existing_kubeconfig()
+    if existing is not None:
+        handle = Cluster.existing(existing)
+        handle.wait_ready(timeout=60)
+        yield handle
+        return
+    local = Cluster(workdir=tmp_path_factory.mktemp("k8s"), binaries=ensure_binaries())
+    local.start(timeout=180)
+    try:
+        yield local
+    finally:
+        local.stop(remove_data=True)
