@@ -17,6 +17,8 @@ COMMAND_MODULES = (
     "dataplane.commands.demo",
     "dataplane.commands.bench",
     "dataplane.commands.wire",
+    "dataplane.commands.engine",
+    "dataplane.commands.sidecar_bench",
 )
 
 

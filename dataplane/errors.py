@@ -53,3 +53,19 @@ class DeadlineExceeded(TransferFailed, TimeoutError):
 
 class PeerGone(TransferFailed):
     """The peer disconnected, died, or was replaced behind its address."""
+
+
+class FrameTooLarge(WireFormatError):
+    """A length-prefixed local-API frame that announces more bytes than the hard maximum."""
+
+
+class LocalApiError(PDPairError):
+    """The agent refused a local-API request; ``code`` is machine-readable, the message human-readable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class AgentUnavailable(PDPairError, ConnectionError):
+    """The engine cannot reach its sidecar agent (not started, dead, or not answering in time)."""

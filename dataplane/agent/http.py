@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..errors import WireFormatError
+
 log = logging.getLogger("pdpair.agent.http")
 
 MAX_BODY = 64 * 1024
@@ -132,12 +134,20 @@ class AgentHttpServer:
         return _Handler
 
 
+def _decode_body(url: str, body: bytes) -> Any:
+    """A peer restarting behind its address may answer with an empty or cut body: a clear error."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise WireFormatError(f"{url} answered with a body that is not JSON ({len(body)} bytes)") from exc
+
+
 def get_json(url: str, timeout: float = 2.0) -> Any:
     """GET ``url`` and decode JSON (the decode side's bootstrap query; tests)."""
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read(MAX_BODY * 16))
+        return _decode_body(url, resp.read(MAX_BODY * 16))
 
 
 def put_json(url: str, value: Any, timeout: float = 2.0) -> Any:
@@ -147,4 +157,4 @@ def put_json(url: str, value: Any, timeout: float = 2.0) -> Any:
         url, data=json.dumps(value).encode(), method="PUT", headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read(MAX_BODY))
+        return _decode_body(url, resp.read(MAX_BODY))

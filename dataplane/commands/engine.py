@@ -1,0 +1,88 @@
+"""``pdpair-agent engine``: the synthetic engine as its own process, beside a sidecar agent.
+
+It allocates its pools in shared memory per the agent config (or ``--profile``), registers them with
+the agent listening on ``--socket`` (an agent run with ``localapi.engine.mode: external``), and drives
+rooms through the local API: decode originates and verifies requests, prefill fills and sends what
+decode asks for. ``--report FILE`` keeps a JSON summary (counts, per-component verification) fresh
+twice a second; the summary is printed on exit. Exit status 1 when a byte failed verification.
+
+In a pod it is the transfer canary the operator runs when a PDPair names no engine image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "engine",
+        help="the synthetic engine as a separate process, speaking the local API to a sidecar agent",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--role", choices=("prefill", "decode"), required=True)
+    p.add_argument("--socket", help="the agent's local API socket (default: the config's socketPath)")
+    p.add_argument("--config", metavar="FILE", help="the agent's config (YAML or JSON): same schema")
+    p.add_argument("--profile", help="model profile (overrides model.profile)")
+    p.add_argument("--tp-rank", type=int, help="this engine's TP rank (overrides tpRank)")
+    p.add_argument("--requests", type=int, help="stop after this many (default: synthetic.requests)")
+    p.add_argument("--tokens", help="token lengths, cycled, comma-separated (default: synthetic.tokens)")
+    p.add_argument("--inflight", type=int, help="decode: rooms in flight (default: synthetic.maxInflight)")
+    p.add_argument("--room-base", type=int, help="first room id (default: random)")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: no limit)")
+    p.add_argument("--shm-mode", choices=("fd", "shm"), default="fd", help="memfd passing or named /dev/shm")
+    p.add_argument("--timeout", type=float, default=5.0, help="bound on every local API call (seconds)")
+    p.add_argument("--report", metavar="FILE", help="keep a JSON summary here")
+    p.add_argument("--presend", type=int, default=0, metavar="N",
+                   help="prefill: send N rooms ahead (room ids from --room-base, sizes from --tokens)")
+    p.add_argument("--no-verify", action="store_true", help="decode: skip byte verification (benchmarks)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(handler=run)
+
+
+def load(args: argparse.Namespace) -> Any:
+    import msgspec
+
+    from ..config import AgentConfig, load_config
+
+    cfg = load_config(args.config) if args.config else AgentConfig()
+    model = cfg.model if args.profile is None else msgspec.structs.replace(cfg.model, profile=args.profile)
+    tp_rank = cfg.tp_rank if args.tp_rank is None else args.tp_rank
+    return msgspec.structs.replace(cfg, role=args.role, model=model, tp_rank=tp_rank)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine.synthetic_engine import SyntheticEngineProcess
+    from .run import setup_logging
+
+    setup_logging("plain", args.log_level)
+    cfg = load(args)
+    syn = cfg.synthetic
+    tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip()) if args.tokens else syn.tokens
+    engine = SyntheticEngineProcess(
+        cfg, args.socket or cfg.localapi.engine.socket_path, shm_mode=args.shm_mode, timeout=args.timeout,
+        room_base=args.room_base,
+    )
+    engine.verify_rooms = not args.no_verify and syn.verify
+    engine.presend = args.presend
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        summary = engine.run(
+            stop,
+            requests=syn.requests if args.requests is None else args.requests,
+            tokens=tokens,
+            max_inflight=syn.max_inflight if args.inflight is None else args.inflight,
+            duration=args.duration,
+            report=args.report,
+        )
+    finally:
+        engine.close()
+    print(json.dumps(summary))
+    return 1 if summary["counts"].get("verification_failures") else 0

@@ -1,0 +1,149 @@
+"""``pdpair-agent sidecar-bench``: the agent benchmark (``bench transfer``) rerun through the local API.
+
+Per case (a block size, or a model profile's request mix) and in one run, side by side:
+
+- direct: the agent with its in-process synthetic engine, measured like ``bench transfer``'s agent
+  column (two ``pdpair-agent run`` processes, one room in flight, verification off);
+- sidecar: per role an agent in sidecar mode plus a synthetic engine process speaking the local API
+  (four processes), engine memory in shared memory, the same requests, one room in flight, no
+  verification. GB/s and µs per request come from the decode engine: bytes over its window from the
+  first ``expect`` to the last Success, as the direct column measures decode's window.
+
+``ratio`` = sidecar GB/s ÷ direct GB/s; ``interface_us`` = sidecar µs/request - direct µs/request;
+``api_us`` is the mean time of one ``expect`` call (the engine-side cost of a request). The sidecar
+runs twice: prefill engine reacting to decode's requests (its synthetic default: one more local-API
+round trip per request on the critical path), and ``presend`` — the prefill engine sends each room
+before decode asks (a router handing the request to both sides), the order a real prefill engine
+that finished its forward pass produces; the ``presend_*`` columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SIZES = "4K,64K,1M,16M"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sidecar-bench",
+        help="the transfer benchmark through the local API vs the in-process engine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--sizes", default=SIZES, help=f"block sizes (default: {SIZES})")
+    p.add_argument("--mix", default="qwen3-next", help="model profile for the request-mix case ('' = none)")
+    p.add_argument("--case-bytes", type=int, default=64 << 20, help="bytes moved per case")
+    p.add_argument("--max-requests", type=int, default=200, help="cap on requests per case")
+    p.add_argument("--json", action="store_true", help="print a JSON list of cases")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .bench import block_config, mix_config, parse_size
+
+    cases = []
+    for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
+        requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
+        label = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
+        cases.append((label, block_config(size, requests)))
+    if args.mix:
+        cases.append((f"mix:{args.mix}", mix_config(args.mix, min(args.max_requests, 200))))
+    results = []
+    for label, cfg in cases:
+        print(f"sidecar-bench: {label} ...", file=sys.stderr, flush=True)
+        results.append(run_case(label, cfg))
+    print(json.dumps(results, indent=1) if args.json else table(results))
+    return 0
+
+
+def direct_run(cfg: Any) -> dict[str, Any]:
+    """The agent with its in-process engine: decode's bytes over its transfer window."""
+    import time
+
+    from ..agent.launch import AgentProcess, loopback_pair
+
+    (p_cfg,), (d_cfg,) = loopback_pair(cfg)
+    with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-direct-") as tmp:
+        prefill, decode = AgentProcess(p_cfg, Path(tmp), "prefill"), AgentProcess(d_cfg, Path(tmp), "decode")
+        try:
+            prefill.wait_ready()
+            decode.wait_ready()
+            deadline, want = time.monotonic() + 300, cfg.synthetic.requests
+            while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
+                time.sleep(0.05)
+            st = decode.status()
+        finally:
+            decode.stop()
+            prefill.stop()
+    total = sum(c["bytes"] for c in st["components"].values())
+    window, n = st["transfer_window_seconds"], max(1, st["requests"]["succeeded"])
+    return {"bytes": total, "gbps": total / window / 1e9 if window else 0.0, "us": window / n * 1e6}
+
+
+def run_case(label: str, cfg: Any) -> dict[str, Any]:
+    direct = direct_run(cfg)
+    side = sidecar_run(cfg, presend=False)
+    ahead = sidecar_run(cfg, presend=True)
+    return {
+        "case": label,
+        "requests": cfg.synthetic.requests,
+        "bytes": side["bytes"],
+        "direct_gbps": round(direct["gbps"], 4),
+        "sidecar_gbps": round(side["gbps"], 4),
+        "ratio": round(side["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
+        "direct_us_per_request": round(direct["us"], 1),
+        "sidecar_us_per_request": round(side["us"], 1),
+        "interface_us": round(side["us"] - direct["us"], 1),
+        "api_us": side["api_us"],
+        "presend_gbps": round(ahead["gbps"], 4),
+        "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
+        "presend_interface_us": round(ahead["us"] - direct["us"], 1),
+    }
+
+
+def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
+    from ..localapi.launch import SidecarPair
+
+    syn = cfg.synthetic
+    common = ["--requests", str(syn.requests), "--no-verify", "--room-base", str(1 << 40),
+              "--tokens", ",".join(str(t) for t in syn.tokens)]
+    prefill = [*common, "--presend", "2"] if presend else []
+    decode_args = [*common, "--inflight", "1"]
+    with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-") as tmp, \
+            SidecarPair(cfg, Path(tmp), decode_args=decode_args, prefill_args=prefill) as pair:
+        decode = pair.engines["decode"]
+        decode.wait(600)
+        rep = decode.report()
+    n = max(1, int(rep["counts"].get("succeeded", 0)))
+    window = float(rep["window_seconds"])
+    return {
+        "bytes": rep["bytes"],
+        "gbps": rep["bytes"] / window / 1e9 if window else 0.0,
+        "us": window / n * 1e6,
+        "api_us": rep["api_us_per_call"],
+    }
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    cols = [
+        ("case", "case", 16, ""), ("requests", "requests", 8, ""), ("direct GB/s", "direct_gbps", 11, ".3f"),
+        ("sidecar GB/s", "sidecar_gbps", 12, ".3f"), ("ratio", "ratio", 6, ".3f"),
+        ("presend GB/s", "presend_gbps", 12, ".3f"), ("ratio", "presend_ratio", 6, ".3f"),
+        ("direct us/req", "direct_us_per_request", 13, ".1f"), ("interface us", "interface_us", 12, ".1f"),
+        ("presend us", "presend_interface_us", 10, ".1f"), ("api us", "api_us", 7, ".1f"),
+    ]
+    head = " ".join(f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols))
+    lines = [head, "-" * len(head)]
+    for r in results:
+        cells = []
+        for i, (_, key, w, fmt) in enumerate(cols):
+            value = r[key] if r[key] is not None else 0
+            cells.append(f"{value:{'<' if not i else '>'}{w}{fmt}}")
+        lines.append(" ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,339 @@
+"""The engine's side of the local API: ``AgentClient``, the small library a serving engine embeds.
+
+Standard library, msgspec and numpy only (no torch: host pools are plain shared memory). No threads:
+the caller's own thread writes requests and reads whatever the agent pushed, so a request costs one
+socket write and a poll one ``select`` — no thread hand-offs on the hot path.
+
+- ``send`` / ``expect`` / ``abort`` are one write each; a refusal (an index outside its pool, say)
+  comes back as an ``Error`` naming the room, which then reads as Failed with that reason. With
+  ``ack=True`` the call waits for the agent's answer and raises ``LocalApiError`` instead.
+- ``poll`` reads the room states the agent pushed; ``wait`` blocks on the socket until the room
+  finishes; ``wait_change`` is an engine loop's idle.
+
+Every call is bounded by ``timeout``. When the agent is down a call fails at once with
+``AgentUnavailable`` (a ``ConnectionError``), so the engine keeps serving what needs no transfer; the
+next call after ``reconnect_interval`` tries again, and reconnecting re-sends ``Hello`` and the pools
+registered before, so an agent restart needs nothing from the engine. Rooms in flight when the agent
+died read as Failed with reason ``agent disconnected: …``. Calls are serialised by a lock, so one
+client may be shared by threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import select
+import socket
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import AgentUnavailable, DeadlineExceeded, LocalApiError, PDPairError
+from .frames import DEFAULT_MAX_FRAME, Closed, FrameReader, send_frame
+from .messages import (
+    LOCALAPI_VERSION,
+    Abort,
+    AgentMessage,
+    Error,
+    Expect,
+    Hello,
+    Poll,
+    PoolRegion,
+    RegisterPools,
+    RoomState,
+    RoomStates,
+    Send,
+    Welcome,
+    decode_agent_message,
+    encode_message,
+    pack_indices,
+)
+
+FAILED, SUCCESS = 0, 4
+KEEP_FINISHED = 65536
+"""Rooms whose state the client remembers (oldest forgotten first)."""
+
+Indices = Sequence[int] | np.ndarray | None
+
+
+class AgentClient:
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        role: str,
+        manifest: bytes,
+        engine_id: str = "",
+        timeout: float = 5.0,
+        reconnect_interval: float = 0.5,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ):
+        self.socket_path, self.role, self.manifest = socket_path, role, manifest
+        self.engine_id = engine_id or f"{role}-engine-{os.getpid()}"
+        self.timeout, self.reconnect_interval, self.max_frame = timeout, reconnect_interval, max_frame
+        self.agent_id = ""
+        self.connections = 0
+        """Successful handshakes (each after the first is a reconnect that re-registered the pools)."""
+        self.version = 0
+        """Bumped by every room state or incoming room that arrives (for ``wait_change``)."""
+        self._sock: socket.socket | None = None
+        self._reader: FrameReader | None = None
+        self._lock = threading.RLock()
+        self._seq = itertools.count(1)
+        self._states: OrderedDict[int, RoomState] = OrderedDict()
+        self._mine: OrderedDict[int, None] = OrderedDict()
+        self._incoming: deque[RoomState] = deque(maxlen=4096)
+        self._pools: tuple[tuple[PoolRegion, ...], list[int]] | None = None
+        self._last_attempt = -1e9
+        self._last_error = "never connected"
+        self._closed = False
+
+    # ---- connection ---------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def connect(self) -> AgentClient:
+        """Connect now (raises ``AgentUnavailable``); later calls reconnect by themselves."""
+        self._last_attempt = -1e9
+        self.ensure_connected()
+        return self
+
+    def ensure_connected(self) -> None:
+        """Reconnect (and re-register) if the agent is reachable again; ``AgentUnavailable`` if not.
+        Tries at most once per ``reconnect_interval``."""
+        with self._lock:
+            if self._sock is not None:
+                return
+            if self._closed:
+                raise AgentUnavailable("client is closed")
+            now = time.monotonic()
+            if now - self._last_attempt < self.reconnect_interval:
+                raise self._unavailable()
+            self._last_attempt = now
+            self._open()
+
+    def _open(self) -> None:
+        """Connect, handshake and re-register the pools (caller holds the lock)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            self._last_error = f"cannot connect: {exc.strerror or exc}"
+            raise self._unavailable() from exc
+        self._sock, self._reader = sock, FrameReader(sock, self.max_frame)
+        try:
+            hello = Hello(
+                version=LOCALAPI_VERSION, role=self.role,  # type: ignore[arg-type]
+                engine_id=self.engine_id, manifest=self.manifest, pid=os.getpid(),
+            )
+            welcome = self._request(hello)
+            assert isinstance(welcome, Welcome)
+            self.agent_id = welcome.agent_id
+            if self._pools is not None:
+                self._request(RegisterPools(regions=self._pools[0]), self._pools[1])
+            self.connections += 1
+        except PDPairError as exc:
+            self._drop(str(exc))
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._drop("client closed")
+
+    def __enter__(self) -> AgentClient:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- requests -----------------------------------------------------------------------------
+    def register_pools(self, regions: Sequence[PoolRegion], fds: Sequence[int] = ()) -> None:
+        """Hand the agent every region of the schema (canonical order); remembered for reconnects."""
+        with self._lock:
+            self._pools = (tuple(regions), list(fds))
+            self.ensure_connected()
+            self._request(RegisterPools(regions=self._pools[0]), self._pools[1])
+
+    def send(
+        self, room: int, kv: Indices, aux: int | None = None, state: Sequence[Indices] = (),
+        *, ack: bool = False,
+    ) -> None:
+        """Prefill: room's state is ready in these source items; the agent writes it to decode."""
+        msg = Send(room=room, kv=pack_indices(kv), aux=-1 if aux is None else aux,
+                   state=tuple(pack_indices(s) for s in state), ack=ack)
+        self._submit(room, msg)
+
+    def expect(
+        self, room: int, kv: Indices, aux: int | None = None, state: Sequence[Indices] = (),
+        prefix_len: int = 0, *, ack: bool = False,
+    ) -> None:
+        """Decode: receive room into these destination items; ``prefix_len`` tokens are cached."""
+        msg = Expect(room=room, kv=pack_indices(kv), aux=-1 if aux is None else aux,
+                     state=tuple(pack_indices(s) for s in state), prefix_len=prefix_len, ack=ack)
+        self._submit(room, msg)
+
+    def abort(self, room: int, reason: str = "", *, ack: bool = False) -> None:
+        with self._lock:
+            self.ensure_connected()
+            self._request(Abort(room=room, reason=reason, ack=ack), reply=ack)
+
+    def poll_remote(self, rooms: Sequence[int]) -> list[RoomState]:
+        """Ask the agent (one round trip); ``poll`` is the cheap local read."""
+        with self._lock:
+            self.ensure_connected()
+            reply = self._request(Poll(rooms=tuple(rooms)))
+        assert isinstance(reply, RoomStates)
+        return list(reply.states)
+
+    def poll(self, room: int) -> tuple[int, str]:
+        """(KVPoll value, failure reason); Bootstrapping (1) until the agent says otherwise."""
+        with self._lock:
+            self._pump(0.0)
+            st = self._states.get(room)
+        return (st.state, st.reason) if st is not None else (1, "")
+
+    def wait(self, room: int, timeout: float) -> tuple[int, str]:
+        """Block until ``room`` is Success or Failed; ``DeadlineExceeded`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                self._pump(0.0)
+                st = self._states.get(room)
+                if st is not None and st.state in (FAILED, SUCCESS):
+                    return st.state, st.reason
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DeadlineExceeded(f"room {room} not finished after {timeout:.3f}s")
+                if self._sock is None:
+                    time.sleep(min(left, 0.01))
+                self._pump(left)
+
+    def wait_change(self, since: int, timeout: float) -> None:
+        """Block until ``version`` moved past ``since`` (something arrived) or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.version == since and (left := deadline - time.monotonic()) > 0:
+                if self._sock is None:
+                    time.sleep(min(left, 0.01))
+                    return
+                self._pump(left)
+
+    def forget(self, room: int) -> None:
+        with self._lock:
+            self._states.pop(room, None)
+            self._mine.pop(room, None)
+
+    def take_incoming(self) -> list[RoomState]:
+        """Prefill: rooms decode asked for that this engine has not sent yet (with item counts)."""
+        with self._lock:
+            self._pump(0.0)
+            out = list(self._incoming)
+            self._incoming.clear()
+        return out
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    def _submit(self, room: int, msg: Send | Expect) -> None:
+        with self._lock:
+            self.ensure_connected()
+            self._mine[room] = None
+            self._states.pop(room, None)
+            while len(self._mine) > KEEP_FINISHED:
+                self._states.pop(self._mine.popitem(last=False)[0], None)
+            self._request(msg, reply=msg.ack)
+
+    def _unavailable(self) -> AgentUnavailable:
+        return AgentUnavailable(f"agent at {self.socket_path} unavailable: {self._last_error}")
+
+    def _request(self, msg: Any, fds: Sequence[int] = (), reply: bool = True) -> AgentMessage | None:
+        """Write ``msg`` (with a fresh ``seq``) and, if ``reply``, read until its answer (caller holds
+        the lock and is connected)."""
+        sock = self._sock
+        if sock is None:
+            raise self._unavailable()
+        seq = next(self._seq)
+        try:
+            send_frame(sock, encode_message(_with_seq(msg, seq)), fds)
+        except OSError as exc:
+            self._drop(f"send failed: {exc}")
+            raise self._unavailable() from exc
+        if not reply:
+            return None
+        deadline = time.monotonic() + self.timeout
+        while self._sock is sock:
+            answer = self._read(deadline - time.monotonic())
+            if answer is None:
+                continue
+            if getattr(answer, "seq", 0) == seq and not isinstance(answer, RoomState):
+                if isinstance(answer, Error):
+                    raise LocalApiError(answer.code, answer.message)
+                return answer
+        raise self._unavailable()
+
+    def _pump(self, timeout: float) -> None:
+        """Take in everything the agent has sent (waiting up to ``timeout`` for the first frame)."""
+        while self._sock is not None:
+            ready = select.select([self._sock], [], [], max(0.0, timeout))[0]
+            if not ready:
+                return
+            self._read(self.timeout)
+            timeout = 0.0
+
+    def _read(self, timeout: float) -> AgentMessage | None:
+        """One frame from the agent, applied; drops the connection on timeout, EOF or garbage."""
+        sock, reader = self._sock, self._reader
+        if sock is None or reader is None:
+            return None
+        if timeout <= 0:
+            self._drop(f"no answer within {self.timeout:.1f}s")
+            return None
+        try:
+            sock.settimeout(timeout)
+            msg = decode_agent_message(reader.read())
+        except (Closed, OSError, PDPairError) as exc:
+            no_answer = isinstance(exc, TimeoutError)
+            self._drop(f"no answer within {self.timeout:.1f}s" if no_answer else f"connection lost: {exc}")
+            return None
+        self._apply(msg)
+        return msg
+
+    def _apply(self, msg: AgentMessage) -> None:
+        if isinstance(msg, Error) and msg.room >= 0 and msg.room in self._mine:
+            msg = RoomState(room=msg.room, state=FAILED, reason=f"{msg.code}: {msg.message}")
+        if not isinstance(msg, RoomState):
+            return
+        self.version += 1
+        if msg.room in self._mine:
+            self._states[msg.room] = msg
+        elif self.role == "prefill" and msg.state == 2:
+            self._incoming.append(msg)
+
+    def _drop(self, reason: str) -> None:
+        """Forget the connection and fail every room still in flight (caller holds the lock)."""
+        sock, self._sock, self._reader = self._sock, None, None
+        if sock is None:
+            return
+        self._last_error = reason
+        for room in self._mine:
+            st = self._states.get(room)
+            if st is None or st.state not in (FAILED, SUCCESS):
+                lost = RoomState(room=room, state=FAILED, reason=f"agent disconnected: {reason}")
+                self._states[room] = lost
+        self.version += 1
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+
+
+def _with_seq(msg: Any, seq: int) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(msg, seq=seq)

@@ -1,0 +1,139 @@
+"""Start sidecar pairs as real processes on loopback: per role, an agent (``pdpair-agent run`` with
+``localapi.engine.mode: external``) and a synthetic engine (``pdpair-agent engine``) sharing a socket
+in a scratch directory — two processes per role, as two containers of a pod. The demo, the sidecar
+benchmark and the integration tests share this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..agent.launch import AgentProcess, loopback_pair
+from ..config import AgentConfig, EngineConfig, LocalApiConfig
+from ..errors import PDPairError
+
+
+def external(cfg: AgentConfig, socket_path: Path) -> AgentConfig:
+    engine = EngineConfig(mode="external", socket_path=str(socket_path))
+    return msgspec.structs.replace(cfg, localapi=LocalApiConfig(engine=engine))
+
+
+class EngineProcess:
+    """One ``pdpair-agent engine`` process, its log, and its JSON report."""
+
+    def __init__(self, cfg: AgentConfig, workdir: Path, tag: str, args: Sequence[str] = ()):
+        self.cfg, self.tag = cfg, tag
+        self.config_path = workdir / f"{tag}.json"
+        self.config_path.write_bytes(msgspec.json.encode(cfg))
+        self.report_path = workdir / f"{tag}.report"
+        self.report_path.unlink(missing_ok=True)
+        self.log_path = workdir / f"{tag}.log"
+        cmd = [
+            sys.executable, "-m", "dataplane.cli", "engine", "--role", cfg.role,
+            "--config", str(self.config_path), "--report", str(self.report_path), *args,
+        ]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+    def report(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.report_path.read_text()))
+        except (OSError, ValueError):
+            return {"counts": {}, "components": {}, "made": 0}
+
+    def count(self, key: str) -> int:
+        return int(self.report()["counts"].get(key, 0))
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return int(self.proc.wait(timeout))
+        except subprocess.TimeoutExpired as exc:
+            tail = self.log_tail()
+            raise PDPairError(f"{self.tag} engine still running after {timeout:.0f}s:\n{tail}") from exc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return int(self.proc.returncode)
+
+
+class SidecarPair:
+    """A prefill and a decode pod, each = sidecar agent + synthetic engine, on loopback."""
+
+    def __init__(self, base: AgentConfig, workdir: Path, decode_args: Sequence[str] = (),
+                 prefill_args: Sequence[str] = ()):
+        self.workdir = workdir
+        (p, ), (d, ) = loopback_pair(base)
+        self.cfg = {
+            "prefill": external(p, workdir / "prefill.sock"),
+            "decode": external(d, workdir / "decode.sock"),
+        }
+        self.args = {"prefill": list(prefill_args), "decode": list(decode_args)}
+        self.agents: dict[str, AgentProcess] = {}
+        self.engines: dict[str, EngineProcess] = {}
+
+    def start_agent(self, role: str) -> AgentProcess:
+        self.agents[role] = AgentProcess(self.cfg[role], self.workdir, f"{role}-agent")
+        return self.agents[role]
+
+    def start_engine(self, role: str, args: Sequence[str] | None = None) -> EngineProcess:
+        extra = self.args[role] if args is None else list(args)
+        self.engines[role] = EngineProcess(self.cfg[role], self.workdir, f"{role}-engine", extra)
+        return self.engines[role]
+
+    def start(self, timeout: float = 60.0) -> SidecarPair:
+        for role in ("prefill", "decode"):
+            self.start_agent(role)
+            self.start_engine(role)
+        for agent in self.agents.values():
+            agent.wait_ready(timeout)
+        return self
+
+    def stop(self) -> None:
+        for engine in self.engines.values():
+            engine.stop()
+        for agent in self.agents.values():
+            agent.stop()
+
+    def __enter__(self) -> SidecarPair:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_for(pred: Any, timeout: float = 40.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise PDPairError(f"timed out waiting for {what}")

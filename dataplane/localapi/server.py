@@ -1,0 +1,256 @@
+"""The agent's side of the local API: a Unix-socket listener for exactly one engine at a time.
+
+The socket lives in a directory the engine's and the agent's containers share (an ``emptyDir``).
+A connection must start with ``Hello``; then ``RegisterPools`` (with descriptors), then any number of
+``Send`` / ``Expect`` / ``Poll`` / ``Abort``. ``Hello``, ``RegisterPools`` and ``Poll`` are answered;
+``Send`` / ``Expect`` / ``Abort`` only when they fail (an ``Error`` naming the room) or ask (``ack``).
+Room states are pushed from the worker thread with bounded non-blocking writes, so an engine that
+stops reading loses its connection and never stalls the agent's worker. A malformed message gets
+``Error(code="malformed")`` and the connection stays usable; an oversized frame gets
+``Error(code="frame_too_large")`` and the connection closes (the stream cannot be resynchronised).
+A second engine is refused with ``Error(code="busy")``.
+
+Index checks happen here, before the worker sees a request: every index must be inside its pool, so
+nothing can be written outside the engine's registered regions. What the requests *do* is the
+``EngineHandler``'s business (``sidecar.Sidecar``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import BadInput, FrameTooLarge, LocalApiError, PDPairError
+from ..schema import RoleSchema
+from .frames import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
+from .link import AbortCmd, Command, ExpectCmd, SendCmd
+from .messages import (
+    Abort,
+    Ack,
+    AgentMessage,
+    EngineMessage,
+    Error,
+    Expect,
+    Hello,
+    Poll,
+    PoolRegion,
+    RegisterPools,
+    RoomState,
+    RoomStates,
+    Send,
+    Welcome,
+    decode_engine_message,
+    encode_message,
+    unpack_indices,
+)
+
+log = logging.getLogger("pdpair.localapi")
+SEND_DEADLINE = 2.0
+
+
+class EngineHandler(Protocol):
+    schema: RoleSchema
+
+    def hello(self, msg: Hello) -> str: ...
+    def register(self, regions: Sequence[PoolRegion], fds: list[int]) -> None: ...
+    def submit(self, cmd: Command) -> None: ...
+    def state(self, room: int) -> RoomState: ...
+    def connected(self, push: _Connection) -> None: ...
+    def disconnected(self, reason: str) -> None: ...
+
+
+def to_command(msg: Send | Expect, schema: RoleSchema) -> SendCmd | ExpectCmd:
+    """Unpack and bounds-check a request's indices against the schema's pools."""
+    kv = unpack_indices(msg.kv, field="kv")
+    _within(kv, schema.kv.num_pages, "kv")
+    if len(msg.state) > len(schema.components):
+        raise BadInput(f"{len(msg.state)} state components given; the schema has {len(schema.components)}")
+    state = []
+    for comp, packed in zip(schema.components, msg.state, strict=False):
+        idx = unpack_indices(packed, field=comp.name)
+        _within(idx, comp.num_items, comp.name)
+        state.append(idx if idx.size else None)
+    aux = None if msg.aux < 0 else msg.aux
+    if aux is not None:
+        _within(np.array([aux]), schema.aux.num_items, "aux")
+    if isinstance(msg, Send):
+        return SendCmd(msg.room, kv, aux, tuple(state))
+    return ExpectCmd(msg.room, kv, aux, tuple(state), msg.prefix_len)
+
+
+def _within(idx: np.ndarray, n: int, name: str) -> None:
+    if idx.size and int(idx.max()) >= n:
+        raise BadInput(f"{name}: item index {int(idx.max())} outside the pool's 0..{n - 1}")
+
+
+class _Connection:
+    """One engine connection. Replies (connection thread) and room-state pushes (worker thread) are
+    written under one lock with non-blocking sends bounded by ``SEND_DEADLINE``: an engine that stops
+    reading loses its connection instead of stalling the agent's worker."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def reply(self, msg: AgentMessage) -> None:
+        self._write(encode_message(msg))
+
+    def __call__(self, st: RoomState) -> None:
+        """Push a room state (from the worker thread)."""
+        try:
+            self._write(encode_message(st))
+        except OSError as exc:
+            log.error("cannot push room states to the engine (%s); closing its connection", exc)
+            self.close()
+
+    def _write(self, payload: bytes) -> None:
+        data = memoryview(HEADER.pack(len(payload)) + payload)
+        deadline = time.monotonic() + SEND_DEADLINE
+        with self.lock:
+            if self.closed:
+                raise BrokenPipeError("engine connection closed")
+            while data:
+                try:
+                    data = data[self.sock.send(data, socket.MSG_DONTWAIT) :]
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                        raise TimeoutError(f"engine not reading for {SEND_DEADLINE:.0f}s") from None
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+
+class LocalApiServer:
+    def __init__(self, socket_path: str, handler: EngineHandler, max_frame: int = DEFAULT_MAX_FRAME):
+        self.socket_path, self.handler, self.max_frame = socket_path, handler, max_frame
+        self._listener: socket.socket | None = None
+        self._active: _Connection | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> LocalApiServer:
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.socket_path)
+        os.chmod(self.socket_path, 0o660)
+        sock.listen(4)
+        sock.settimeout(0.2)
+        self._listener = sock
+        t = threading.Thread(target=self._accept_loop, name="pdpair-localapi", daemon=True)
+        t.start()
+        self._threads.append(t)
+        log.info("local API listening on %s", self.socket_path)
+        return self
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            sock.settimeout(None)
+            if self._active is not None:
+                send_frame(sock, encode_message(Error(code="busy", message="another engine is connected")))
+                sock.close()
+                continue
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+            self._active = _Connection(sock)
+            t = threading.Thread(target=self._serve, args=(self._active,), name="pdpair-engine", daemon=True)
+            t.start()
+
+    def _serve(self, conn: _Connection) -> None:
+        reader = FrameReader(conn.sock, self.max_frame)
+        reason, greeted = "engine disconnected", False
+        try:
+            while True:
+                try:
+                    msg = decode_engine_message(reader.read())
+                except FrameTooLarge as exc:
+                    conn.reply(Error(code="frame_too_large", message=str(exc)))
+                    reason = f"engine disconnected: {exc}"
+                    return
+                except PDPairError as exc:
+                    reader.close_fds()
+                    conn.reply(Error(code="malformed", message=str(exc)))
+                    continue
+                greeted = self._handle(conn, msg, reader, greeted)
+        except (Closed, OSError):
+            pass
+        finally:
+            reader.close_fds()
+            conn.close()
+            conn.sock.close()
+            self._active = None
+            if greeted:
+                self.handler.disconnected(reason)
+
+    def _handle(self, conn: _Connection, msg: EngineMessage, reader: FrameReader, greeted: bool) -> bool:
+        """Answer one request; returns whether the connection has completed its ``Hello``."""
+        seq = msg.seq
+        try:
+            if isinstance(msg, Hello):
+                agent_id = self.handler.hello(msg)
+                self.handler.connected(conn)
+                conn.reply(Welcome(version=msg.version, agent_id=agent_id, max_frame=self.max_frame, seq=seq))
+                return True
+            if not greeted:
+                raise LocalApiError("no_hello", "the first message on a connection must be Hello")
+            if isinstance(msg, RegisterPools):
+                self.handler.register(msg.regions, reader.take_fds())
+            elif isinstance(msg, Send | Expect):
+                self.handler.submit(to_command(msg, self.handler.schema))
+                if not msg.ack:
+                    return greeted
+            elif isinstance(msg, Abort):
+                self.handler.submit(AbortCmd(msg.room, msg.reason))
+                if not msg.ack:
+                    return greeted
+            elif isinstance(msg, Poll):
+                conn.reply(RoomStates(states=tuple(self.handler.state(r) for r in msg.rooms), seq=seq))
+                return greeted
+            conn.reply(Ack(seq=seq))
+        except PDPairError as exc:
+            if isinstance(exc, LocalApiError):
+                code, text = exc.code, str(exc).split(": ", 1)[-1]
+            else:
+                code, text = _code(exc), str(exc)
+            conn.reply(Error(code=code, message=text, seq=seq, room=getattr(msg, "room", -1)))
+        finally:
+            reader.close_fds()
+        return greeted
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+        if self._active is not None:
+            self._active.close()
+        for t in self._threads:
+            t.join(timeout=2)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+
+def _code(exc: PDPairError) -> str:
+    from ..errors import IncompatiblePeer, SchemaError
+
+    if isinstance(exc, IncompatiblePeer | SchemaError):
+        return "incompatible"
+    return "bad_request" if isinstance(exc, BadInput) else "failed"

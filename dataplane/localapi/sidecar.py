@@ -1,0 +1,207 @@
+"""The agent as a sidecar: a local-API server whose engine's memory and requests drive an agent.
+
+Lifecycle, one engine at a time:
+
+1. ``Hello``: the version must be ours, the role the agent's, and the engine's manifest must describe
+   the agent's configured schema (same model, TP, page size, KV and components) — else ``Error``.
+2. ``RegisterPools``: map the engine's regions, adopt them as the agent's pools, and start an
+   ``AgentRuntime`` on them with the external role workers (``workers``): the transport registers
+   every region, the bootstrap/control/metrics listeners come up, decode pairs with prefill.
+3. Requests flow through ``EngineLink`` to the worker; room states flow back.
+4. The engine disconnects (or dies): every room fails with ``engine disconnected`` (peers are told),
+   the runtime stops (the transport deregisters the memory), the mappings are unmapped, and the
+   server waits for the engine to come back and start again at 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..agent import AgentRuntime, MemoryPools
+from ..codec import Manifest, decode_manifest, manifest_from_schema
+from ..config import AgentConfig
+from ..errors import LocalApiError, PDPairError
+from ..schema import RoleSchema
+from ..schema.profiles import schema_from_config
+from ..transports import Transport
+from .link import Command, DetachCmd, EngineLink
+from .mapping import MappedPools, map_pools
+from .messages import LOCALAPI_VERSION, Hello, PoolRegion, RoomState
+from .server import LocalApiServer
+from .workers import ExternalDecodeWorker, ExternalPrefillWorker
+
+log = logging.getLogger("pdpair.localapi.sidecar")
+DETACH_WAIT = 5.0
+UNMAP_WAIT = 5.0
+
+
+def manifest_mismatch(mine: Manifest, theirs: Manifest) -> str:
+    """Empty if the engine's manifest describes the agent's schema; else the first difference."""
+    for field in ("role", "model", "tp_size", "tp_rank", "page_size", "kv", "components"):
+        a, b = getattr(mine, field), getattr(theirs, field)
+        if a != b:
+            return f"{field}: agent has {msgspec.to_builtins(a)!r}, engine has {msgspec.to_builtins(b)!r}"
+    return ""
+
+
+def _unmap(mapped: MappedPools) -> bool:
+    """Unmap once the runtime's last threads (they exit within one poll interval of stop) let go."""
+    deadline = time.monotonic() + UNMAP_WAIT
+    while not mapped.close():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Sidecar:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        schema: RoleSchema | None = None,
+        transport_factory: Callable[[], Transport] | None = None,
+        reporter: Any = None,
+        ready_file: str | Path | None = None,
+    ):
+        syn = msgspec.structs.replace(cfg.synthetic, enabled=False, verify=False)
+        self.cfg = msgspec.structs.replace(cfg, synthetic=syn)
+        self.schema = schema or schema_from_config(cfg)
+        self.manifest = manifest_from_schema(self.schema, role=cfg.role, generation=cfg.identity.generation)
+        self.transport_factory, self.reporter, self.ready_file = transport_factory, reporter, ready_file
+        self.link = EngineLink()
+        self.runtime: AgentRuntime | None = None
+        self.mapped: MappedPools | None = None
+        self.engine_id = ""
+        self.attached = threading.Event()
+        self._lock = threading.Lock()
+        engine = cfg.localapi.engine
+        self.server = LocalApiServer(engine.socket_path, self, engine.max_frame_bytes)
+
+    def start(self) -> Sidecar:
+        self.server.start()
+        return self
+
+    # ---- EngineHandler ------------------------------------------------------------------------
+    def hello(self, msg: Hello) -> str:
+        if msg.version != LOCALAPI_VERSION:
+            theirs, ours = msg.version, LOCALAPI_VERSION
+            raise LocalApiError("version", f"engine speaks local API v{theirs}, agent v{ours}")
+        if msg.role != self.cfg.role:
+            raise LocalApiError("role", f"engine is {msg.role}, this agent is {self.cfg.role}")
+        why = manifest_mismatch(self.manifest, decode_manifest(msg.manifest))
+        if why:
+            raise LocalApiError("incompatible", f"engine schema differs from the agent's: {why}")
+        with self._lock:
+            self._teardown("engine reconnected")
+            self.engine_id = msg.engine_id
+            self.link = EngineLink()
+        log.info("engine %s (pid %d) connected", msg.engine_id, msg.pid)
+        return f"{self.cfg.identity.pod_name or self.cfg.role}-agent"
+
+    def connected(self, push: Callable[[RoomState], None]) -> None:
+        self.link.set_push(push)
+
+    def register(self, regions: Sequence[PoolRegion], fds: list[int]) -> None:
+        with self._lock:
+            self._teardown("engine re-registered its pools")
+            mapped = map_pools(self.schema, regions, fds)
+            try:
+                self.runtime = self._runtime(mapped)
+            except BaseException:
+                mapped.close()
+                raise
+            self.mapped = mapped
+            if self.ready_file:
+                self.runtime.write_ready_file(self.ready_file)
+            self.attached.set()
+            agent_id = self.runtime.agent_id
+        log.info("engine %s registered %d regions; agent %s up", self.engine_id, len(regions), agent_id)
+
+    def _runtime(self, mapped: MappedPools) -> AgentRuntime:
+        pools = MemoryPools(self.schema, mapped.buffers, mapped.device, mapped.device_id)  # type: ignore[arg-type]
+        worker = ExternalPrefillWorker if self.cfg.role == "prefill" else ExternalDecodeWorker
+        return AgentRuntime(
+            self.cfg,
+            schema=self.schema,
+            pools=pools,
+            transport=self.transport_factory() if self.transport_factory else None,
+            reporter=self.reporter,
+            worker_factory=functools.partial(worker, link=self.link),
+        ).start()
+
+    def submit(self, cmd: Command) -> None:
+        if self.runtime is None:
+            raise LocalApiError("not_registered", "register the pools before sending requests")
+        self.link.submit(cmd)
+
+    def state(self, room: int) -> RoomState:
+        return self.link.state(room)
+
+    def disconnected(self, reason: str) -> None:
+        log.warning("engine %s: %s", self.engine_id, reason)
+        with self._lock:
+            self._teardown(reason)
+
+    # ---- teardown -----------------------------------------------------------------------------
+    def _teardown(self, reason: str) -> None:
+        """Fail every room, stop the runtime (deregisters memory), unmap (caller holds the lock)."""
+        runtime, self.runtime = self.runtime, None
+        self.attached.clear()
+        if runtime is not None:
+            detach = DetachCmd(reason)
+            self.link.submit(detach)
+            if not detach.done.wait(DETACH_WAIT):
+                log.error("worker did not fail its rooms within %.0fs", DETACH_WAIT)
+            self.link.set_push(None)
+            runtime.stop()
+            if self.ready_file:
+                Path(self.ready_file).unlink(missing_ok=True)
+        del runtime
+        mapped, self.mapped = self.mapped, None
+        if mapped is not None and not _unmap(mapped):
+            log.error("engine memory still referenced %.0fs after stop; mapped until released", UNMAP_WAIT)
+
+    def stop(self) -> None:
+        self.server.stop()
+        with self._lock:
+            self._teardown("agent stopping")
+
+    def worker_alive(self) -> bool:
+        """True while no engine is attached or the attached runtime's worker runs. Holds no reference
+        to the runtime (one held here would keep the engine's memory mapped past a detach)."""
+        with self._lock:
+            return self.runtime is None or self.runtime.worker.alive()
+
+    def status(self) -> dict[str, Any]:
+        rt = self.runtime
+        return {"engine": self.engine_id, "attached": rt is not None, "ports": rt.ports if rt else None}
+
+
+__all__ = ["PDPairError", "Sidecar", "manifest_mismatch", "serve"]
+
+
+def serve(cfg: AgentConfig, *, reporter: Any = None, ready_file: str | None = None) -> int:
+    """``pdpair-agent run`` in sidecar mode (``localapi.engine.mode: external``): serve until SIGTERM."""
+    import signal
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    sidecar = Sidecar(cfg, reporter=reporter, ready_file=ready_file).start()
+    crashed = False
+    while not stop.wait(0.5):
+        if not sidecar.worker_alive():
+            log.error("worker thread died; exiting")
+            crashed = True
+            break
+    sidecar.stop()
+    return 1 if crashed else 0

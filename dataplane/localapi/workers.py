@@ -1,0 +1,250 @@
+"""The role workers in sidecar mode: rooms come from the serving engine, not from the synthetic one.
+
+They extend the agent's own workers and change only where items come from and who hears of a room:
+
+- prefill: decode's transfer metadata and the engine's ``Send`` may arrive in either order. Metadata
+  first: the room waits (WaitingForInput, reported to the engine with decode's item counts); ``Send``
+  first: it waits for the metadata until the deadline. When both are in, the write is planned from the
+  engine's source items (minus decode's cached prefix) exactly as the agent plans its own.
+- decode: the engine's ``Expect`` replaces the synthetic request generator; its destination items go
+  into the transfer metadata (with ``prefix_len``), and completion is reported instead of verified.
+
+The items belong to the engine: nothing here allocates or frees them (``release`` is a no-op), and the
+engine must not reuse the destination items of a failed room for one transfer timeout (a frozen
+prefill may still write late, as in sglang). Every state change is reported through ``EngineLink``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+import numpy as np
+
+from ..agent.decode import DecodeRoom, DecodeWorker
+from ..agent.prefill import DecodePeer, PrefillWorker
+from ..codec import KVPoll, TransferMetadata, encode_metadata
+from ..errors import PDPairError
+from .link import WAKE, AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
+
+log = logging.getLogger("pdpair.localapi")
+KEEP_FAILED = 4096
+
+
+class _LinkMixin:
+    """What both external workers share: the link, the wake frame, no-op frees, detach."""
+
+    link: EngineLink
+
+    def attach_link(self) -> None:
+        w: Any = self
+        self.link.attach(w.inbox._sock.context, f"tcp://{w.inbox.host}:{w.inbox.port}")
+
+    def dispatch(self, frames: list[bytes]) -> None:
+        if frames == [WAKE]:
+            self.drain_link(time.monotonic())
+            return
+        super().dispatch(frames)  # type: ignore[misc]
+
+    def release(self, src: Any) -> None:
+        """The engine owns every item; the agent never frees one."""
+
+    def drain_link(self, now: float) -> None:
+        for cmd in self.link.drain():
+            try:
+                self.on_command(cmd, now)
+            except PDPairError as exc:
+                room = getattr(cmd, "room", -1)
+                log.warning("engine request for room %s failed: %s", room, exc)
+                self.link.report(room, KVPoll.Failed, str(exc))
+
+    def on_command(self, cmd: Command, now: float) -> None:
+        raise NotImplementedError
+
+    def detach(self, cmd: DetachCmd) -> None:
+        w: Any = self
+        for room in w.rooms.live():
+            w.finish(w.rooms.fail(room.key, cmd.reason), KVPoll.Failed)
+        cmd.done.set()
+
+
+class ExternalPrefillWorker(_LinkMixin, PrefillWorker):
+    def __init__(self, *args: Any, link: EngineLink, **kwargs: Any):
+        self.link = link
+        super().__init__(*args, **kwargs)
+        self.attach_link()
+
+    def setup(self) -> None:
+        super().setup()
+        self.sends: dict[int, tuple[SendCmd, float]] = {}
+        self.parked: dict[int, list[tuple[DecodePeer, TransferMetadata]]] = {}
+        self.done_keys: dict[int, int] = {}
+        self.required_info: dict[int, int] = {}
+        self.failed: OrderedDict[int, str] = OrderedDict()
+        """Recently failed rooms: a ``Send`` arriving after its room failed fails at once."""
+
+    def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
+        key = (dp.address, md.room)
+        self.rooms.add(key, md.room, dp.label, self.timeout)
+        self.rooms.advance(key, KVPoll.WaitingForInput)
+        self.required_info[md.room] = md.required_dst_info_num
+        sent = self.sends.get(md.room)
+        if sent is not None:
+            self.launch_send(dp, md, sent[0])
+            return
+        self.parked.setdefault(md.room, []).append((dp, md))
+        counts = tuple(len(s) for s in md.dst_state_indices)
+        self.link.report(
+            md.room, KVPoll.WaitingForInput, kv_items=len(md.dst_kv_indices),
+            aux=md.dst_aux_index >= 0, state_items=counts,
+        )
+
+    def on_command(self, cmd: Command, now: float) -> None:
+        if isinstance(cmd, SendCmd):
+            if cmd.room in self.failed:
+                self.link.report(cmd.room, KVPoll.Failed, self.failed[cmd.room])
+                return
+            self.sends[cmd.room] = (cmd, now + self.timeout)
+            parked = self.parked.pop(cmd.room, [])
+            if not parked:
+                self.link.report(cmd.room, KVPoll.Bootstrapping)
+            for dp, md in parked:
+                self.launch_safely(dp, md, cmd)
+        elif isinstance(cmd, AbortCmd):
+            self.abort_room(cmd.room, f"aborted by engine: {cmd.reason}")
+        elif isinstance(cmd, DetachCmd):
+            self.sends.clear()
+            self.parked.clear()
+            self.detach(cmd)
+
+    def launch_safely(self, dp: DecodePeer, md: TransferMetadata, cmd: SendCmd) -> None:
+        try:
+            self.launch_send(dp, md, cmd)
+        except PDPairError as exc:
+            self.finish(self.rooms.fail((dp.address, md.room), f"cannot plan: {exc}"), KVPoll.Failed)
+
+    def launch_send(self, dp: DecodePeer, md: TransferMetadata, cmd: SendCmd) -> None:
+        """Plan and start the writes of one (decode rank, room) from the engine's source items, less
+        the KV pages of decode's cached prefix."""
+        room = self.rooms.get((dp.address, md.room))
+        if room is None:
+            return
+        skip = (md.decode_prefix_len or 0) // self.schema.kv.page_size
+        aux = cmd.aux if md.dst_aux_index >= 0 else None
+        state = list(cmd.state) + [None] * (len(self.schema.components) - len(cmd.state))
+        self.link.report(md.room, KVPoll.Transferring)
+        self.write_room(room, dp, md, (cmd.kv[skip:], aux, state))
+
+    def abort_room(self, room_id: int, reason: str) -> None:
+        self.forget_room(room_id)
+        rooms = [r for r in self.rooms.live() if r.room == room_id]
+        for room in rooms:
+            self.finish(self.rooms.fail(room.key, reason), KVPoll.Failed)
+        if not rooms:
+            self.link.report(room_id, KVPoll.Failed, reason)
+
+    def forget_room(self, room_id: int) -> None:
+        self.sends.pop(room_id, None)
+        self.parked.pop(room_id, None)
+        self.required_info.pop(room_id, None)
+        self.done_keys.pop(room_id, None)
+
+    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
+        """Report to the engine once per room: Failed at the first failed decode rank (the others
+        are failed with it), Success when every decode rank that asked for the room has it."""
+        super().finish(room, state, notify)
+        if room is None:
+            return
+        if state != KVPoll.Success:
+            self.forget_room(room.room)
+            self.failed[room.room] = room.reason
+            while len(self.failed) > KEEP_FAILED:
+                self.failed.popitem(last=False)
+            for other in [r for r in self.rooms.live() if r.room == room.room]:
+                super().finish(self.rooms.fail(other.key, room.reason), KVPoll.Failed, notify)
+            self.link.report(room.room, KVPoll.Failed, room.reason)
+            return
+        done = self.done_keys.get(room.room, 0) + 1
+        if done >= self.required_info.get(room.room, 1):
+            self.forget_room(room.room)
+            self.link.report(room.room, KVPoll.Success)
+        else:
+            self.done_keys[room.room] = done
+
+    def tick(self, now: float) -> None:
+        super().tick(now)
+        self.drain_link(now)
+        for room_id, (_, deadline) in list(self.sends.items()):
+            if deadline <= now and not any(r.room == room_id for r in self.rooms.live()):
+                self.sends.pop(room_id, None)
+                self.link.report(room_id, KVPoll.Failed, "no transfer request from decode by the deadline")
+
+
+class ExternalDecodeWorker(_LinkMixin, DecodeWorker):
+    def __init__(self, *args: Any, link: EngineLink, **kwargs: Any):
+        self.link = link
+        super().__init__(*args, **kwargs)
+        self.attach_link()
+
+    def setup(self) -> None:
+        super().setup()
+        self.waiting: deque[tuple[ExpectCmd, float]] = deque()
+
+    def generate(self, now: float) -> None:
+        """Rooms come from the engine: start those waiting for the prefill ranks to pair."""
+        self.drain_link(now)
+        while self.waiting and self.ready_to_send():
+            self.start_expect(self.waiting.popleft()[0])
+        while self.waiting and self.waiting[0][1] <= now:
+            cmd, _ = self.waiting.popleft()
+            self.link.report(cmd.room, KVPoll.Failed, "prefill not paired before the deadline")
+
+    def on_command(self, cmd: Command, now: float) -> None:
+        if isinstance(cmd, ExpectCmd):
+            if self.ready_to_send() and not self.waiting:
+                self.start_expect(cmd)
+            else:
+                self.waiting.append((cmd, now + self.timeout))
+                self.link.report(cmd.room, KVPoll.Bootstrapping)
+        elif isinstance(cmd, AbortCmd):
+            reason = f"aborted by engine: {cmd.reason}"
+            self.waiting = deque(w for w in self.waiting if w[0].room != cmd.room)
+            room = self.rooms.fail(cmd.room, reason)
+            if room is not None:
+                self.finish(room, KVPoll.Failed)
+            else:
+                self.link.report(cmd.room, KVPoll.Failed, reason)
+        elif isinstance(cmd, DetachCmd):
+            self.waiting.clear()
+            self.detach(cmd)
+
+    def start_expect(self, cmd: ExpectCmd) -> None:
+        state = list(cmd.state) + [None] * (len(self.schema.components) - len(cmd.state))
+        dst = (cmd.kv, cmd.aux, state)
+        first = self.peers[self.required[0]]
+        record = DecodeRoom(dst, set(self.required))
+        room = self.rooms.add(cmd.room, cmd.room, first.label, self.timeout, record)
+        md = TransferMetadata(
+            room=cmd.room,
+            endpoint=self.cfg.listen.host,
+            dst_port=self.inbox.port,
+            engine_key=self.agent_id,
+            dst_kv_indices=cmd.kv,
+            dst_aux_index=-1 if cmd.aux is None else cmd.aux,
+            dst_state_indices=tuple(np.empty(0, np.int32) if s is None else s for s in state),
+            required_dst_info_num=self._info_num,
+            decode_prefix_len=cmd.prefix_len or None,
+        )
+        frames = encode_metadata(md)
+        room.data.sent = time.perf_counter()
+        for r in self.required:
+            self.pushers.send(self.peers[r].address, list(frames))
+        self.rooms.advance(cmd.room, KVPoll.WaitingForInput)
+        self.link.report(cmd.room, KVPoll.WaitingForInput)
+
+    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
+        super().finish(room, state, notify)
+        if room is not None:
+            self.link.report(room.room, state, room.reason if state != KVPoll.Success else "")
