@@ -82,6 +82,8 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
             bootstrap_port=spec.ports.bootstrap,
         ),
         identity=ac.IdentityConfig(namespace=owner.namespace, pdpair=owner.name, generation=generation),
+        localapi=ac.LocalApiConfig(engine=ac.EngineConfig(
+            mode="external" if spec.engine.sidecar else "synthetic", socket_path=LOCALAPI_SOCKET)),
     )
 
 
@@ -223,6 +225,47 @@ def _container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     return container
 
 
+LOCALAPI_DIR = "/var/run/pdpair"
+LOCALAPI_SOCKET = f"{LOCALAPI_DIR}/agent.sock"
+
+
+def _engine_container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
+    """Sidecar mode's engine: the named serving engine, or the synthetic engine (agent image) as the
+    transfer canary; either reaches the agent through the socket in the shared ``localapi`` volume."""
+    engine = spec.engine
+    mounts: list[dict[str, Any]] = [{"name": "localapi", "mountPath": LOCALAPI_DIR}]
+    env: list[dict[str, Any]] = [{"name": "PDPAIR_AGENT_SOCKET", "value": LOCALAPI_SOCKET}]
+    env += [{"name": v.name, **({"valueFrom": v.value_from} if v.value_from is not None else
+                                {"value": v.value or ""})} for v in engine.env]
+    container: dict[str, Any] = {"name": "engine", "env": env, "volumeMounts": mounts}
+    if engine.image:
+        container.update(image=engine.image, imagePullPolicy=spec.image_pull_policy)
+        if engine.command:
+            container["command"] = list(engine.command)
+        if engine.args:
+            container["args"] = list(engine.args)
+        return container
+    mounts += [{"name": "agent-config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+               {"name": "tmp", "mountPath": "/tmp"}]
+    container.update(
+        image=spec.image, imagePullPolicy=spec.image_pull_policy,
+        command=["pdpair-agent", "engine", "--role", role, "--config",
+                 f"{naming.CONFIG_DIR}/{naming.CONFIG_FILE}", "--socket", LOCALAPI_SOCKET],
+        securityContext=container_security_context(spec),
+    )
+    return container
+
+
+def _with_engine(spec: PDPairSpec, role: Role, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """Sidecar mode: the engine container and the ``emptyDir`` holding the local API's socket."""
+    if not spec.engine.sidecar:
+        return pod_spec
+    pod_spec["containers"][0]["volumeMounts"].append({"name": "localapi", "mountPath": LOCALAPI_DIR})
+    pod_spec["containers"].append(_engine_container(spec, role))
+    pod_spec["volumes"].append({"name": "localapi", "emptyDir": {}})
+    return pod_spec
+
+
 def build_pod(owner: Owner, generation: str, role: Role, index: int,
               restarts: int = 0, last_failure: str = "") -> dict[str, Any]:
     """One agent pod; ``restarts``/``last_failure`` keep a replaced pod's crash context visible."""
@@ -248,6 +291,7 @@ def build_pod(owner: Owner, generation: str, role: Role, index: int,
             {"name": "tmp", "emptyDir": {}},
         ],
     }
+    pod_spec = _with_engine(spec, role, pod_spec)
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if rs.node_selector:

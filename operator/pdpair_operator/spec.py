@@ -120,6 +120,23 @@ class UpdateStrategy(_Spec, frozen=True):
     """Coordinated: how many P:D units of the new generation may exist beyond the ready ones."""
 
 
+class Engine(_Spec, frozen=True):
+    """The serving engine beside the agent (docs/sidecar.md). ``inProcess`` (default): the agent's own
+    synthetic engine is the canary. ``sidecar``: a second container speaks the local API to the agent
+    over a socket in a shared ``emptyDir`` — ``image`` (with ``command``/``args``/``env``) names the
+    serving engine; without one the synthetic engine runs there, from the agent image."""
+
+    mode: Literal["inProcess", "sidecar"] = "inProcess"
+    image: str | None = None
+    command: list[str] = []
+    args: list[str] = []
+    env: list[EnvVar] = []
+
+    @property
+    def sidecar(self) -> bool:
+        return self.mode == "sidecar" or bool(self.image)
+
+
 class PDPairSpec(_Spec, frozen=True):
     model: Model
     image: str
@@ -130,6 +147,7 @@ class PDPairSpec(_Spec, frozen=True):
     decode: RoleSpec = RoleSpec()
     ports: Ports = Ports()
     update_strategy: UpdateStrategy = UpdateStrategy()
+    engine: Engine = Engine()
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
