@@ -171,7 +171,9 @@ def parse_config(data: bytes | str, *, source: str = "<config>") -> AgentConfig:
     except msgspec.DecodeError as exc:
         raise BadInput(f"{source}: not valid YAML/JSON: {exc}") from exc
     if cfg.format_version != FORMAT_VERSION:
-        raise BadInput(f"{source}: config formatVersion {cfg.format_version}, this agent reads {FORMAT_VERSION}")
+        raise BadInput(
+            f"{source}: config formatVersion {cfg.format_version}, this agent reads {FORMAT_VERSION}"
+        )
     return cfg
 
 
