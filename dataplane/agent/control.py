@@ -11,7 +11,9 @@ ZMQ sockets are not thread-safe: each thread owns its own ``Pushers``; the conte
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 
 import zmq
 
@@ -20,6 +22,9 @@ log = logging.getLogger("pdpair.agent.control")
 MAX_MESSAGE = 64 * 1024 * 1024
 """Largest multipart message accepted (registration with many descriptors stays far below)."""
 HWM = 10_000
+WAKE = b"PDPAIR-WAKE"
+"""One-frame message another thread of this process pushes to ``Inbox.wake_address``: "look again"."""
+_WAKE_IDS = itertools.count()
 
 
 def tcp(host: str, port: int) -> str:
@@ -27,7 +32,10 @@ def tcp(host: str, port: int) -> str:
 
 
 class Inbox:
-    """The agent's bound PULL socket. ``port`` is the bound port (config 0 picks a free one)."""
+    """The agent's bound PULL socket. ``port`` is the bound port (config 0 picks a free one).
+
+    The same socket also binds ``wake_address`` (``inproc://``), so a helper thread's hand-off wakes
+    the worker blocked in ``recv`` at once instead of waiting for its next poll."""
 
     def __init__(self, ctx: zmq.Context, host: str, port: int = 0):
         self._sock = ctx.socket(zmq.PULL)
@@ -40,12 +48,15 @@ class Inbox:
         else:
             self.port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.host = host
+        self.wake_address = f"inproc://pdpair-wake-{next(_WAKE_IDS)}"
+        self._sock.bind(self.wake_address)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
 
     def recv(self, timeout: float) -> list[bytes] | None:
-        """One multipart message, or None after ``timeout`` seconds."""
-        if not self._poller.poll(max(0, int(timeout * 1000))):
+        """One multipart message, or None after ``timeout`` seconds (rounded up to whole ms: zmq
+        polls in ms, and rounding down would turn a short wait into a busy spin)."""
+        if not self._poller.poll(max(0, math.ceil(timeout * 1000))):
             return None
         return self._sock.recv_multipart(copy=True)
 

@@ -4,7 +4,9 @@
 Peer lifecycle per prefill rank: ``registering`` (registration sent, resent until answered) →
 ``paired`` (``Hello``, manifest checked here too) or ``refused`` (``Refused``: the prefill's exact
 reason lands in our logs, metrics and ``/status``). A paired rank that misses ``heartbeat_misses``
-heartbeats is ``down``: its rooms fail at once. A new ``instance`` behind the bootstrap address (a
+heartbeats is ``down``: its rooms fail at once, and it is sent our registration again until it answers
+(prefill drops a decode it stops hearing from, so a decode that was frozen must pair again). We
+heartbeat every paired rank in turn (``liveness``). A new ``instance`` behind the bootstrap address (a
 replaced prefill, sglang PR #34289) fails the old rooms and re-registers with the new process.
 
 Rooms: allocate destination items → metadata to each prefill rank this rank needs (TP fan-in/out) →
@@ -43,6 +45,7 @@ from ..codec import (
 from ..errors import IncompatiblePeer, PDPairError
 from .bootstrap import Topology, fetch_topology
 from .control import tcp
+from .liveness import Heartbeats
 from .roles import RoleWorker, Sources, refusal_reason_label
 from .synthetic import items_for_tokens
 
@@ -85,6 +88,9 @@ class DecodeWorker(RoleWorker):
         self._next_request = 0.0
         self._quarantine: list[tuple[float, Sources]] = []
         self._reg_frames = self.registration_frames()
+        tr = self.cfg.transfer
+        me = tcp(self.cfg.listen.host, self.inbox.port)
+        self.beats = Heartbeats(me, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
 
     def registration_frames(self) -> list[bytes]:
         sch, blobs = self.schema, self.blobs
@@ -221,11 +227,14 @@ class DecodeWorker(RoleWorker):
         if topo is not None and topo is not self._seen_topology:
             self._seen_topology = topo
             self.on_topology(topo, now)
-        limit = self.cfg.transfer.heartbeat_interval_seconds * self.cfg.transfer.heartbeat_misses
+        beat = self.beats.due(now)
         for peer in self.peers.values():
-            if peer.state == "paired" and now - peer.last_seen > limit:
+            if peer.state == "paired" and self.beats.lost(peer.last_seen, now):
                 self.lose(peer, f"prefill {peer.label} heartbeat lost: none for {now - peer.last_seen:.1f}s")
-            elif peer.state == "registering" and now - peer.last_register > REGISTER_RETRY:
+                peer.last_register = now
+            elif peer.state == "paired" and beat is not None:
+                self.pushers.send(peer.address, [beat])
+            elif peer.state in ("registering", "down") and now - peer.last_register > REGISTER_RETRY:
                 peer.last_register = now
                 self.pushers.send(peer.address, list(self._reg_frames))
         while self._quarantine and self._quarantine[0][0] <= now:

@@ -3,18 +3,26 @@
 One thread drives everything (the transport is not thread-safe): it drains the control inbox, starts
 writes, polls in-flight transfers, sends status frames and heartbeats, and fails rooms past their
 deadline — aborting their transfers, so a frozen decode can never pin the worker (sglang #32579).
+A decode that stops heartbeating (``liveness``) is dropped: its rooms fail, its transport peer is
+disconnected, ``peer_up`` goes to 0 and, with no decode left, ``/readyz`` goes false.
 
 Per registration: decode ``Registration`` → ``check_compatible`` (refusal: ``Refused`` with the exact
 reason back to decode, and the same reason in logs, metrics and ``/status``) → ``transport.connect`` →
 ``PeerLayout`` + prepared pairing → ``Hello`` back as the acceptance.
-Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them → ``plan_request``
-→ one write per component (so latency is measured per component) → status Success / Failed to decode.
+Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
+``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
+component → status Success / Failed to decode.
+
+One write per component, not one per room: each component's offsets share a large block size (KV
+pages: 20 to 256 KiB, mamba: 1 KiB), but the room as a whole only shares the smallest (64 B aux), and the
+NIXL adapter's prepared lists index blocks of the batch's common size — one write per room would turn
+a 6.7 MB qwen3-next room into ~100K descriptors instead of ~100. The per-component latency histogram
+is therefore each component's own write latency.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,6 +51,8 @@ from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, Transfer
 from ..planner import PeerLayout, RequestIndices, pairing_for, plan_request
 from ..transports import Peer, Transfer, TransferState, Writes
 from .control import tcp
+from .forward import ForwardThread
+from .liveness import Heartbeats
 from .roles import RoleWorker, refusal_reason_label
 
 log = logging.getLogger("pdpair.agent.prefill")
@@ -56,6 +66,9 @@ class DecodePeer:
     layout: PeerLayout
     pairing: Any
     legacy_flat_state: bool
+    beats: bool = False
+    """The decode heartbeats us (one of our agents; a plain sglang decode does not)."""
+    last_seen: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
@@ -71,18 +84,14 @@ class PrefillWorker(RoleWorker):
 
     def setup(self) -> None:
         self.peers: dict[str, DecodePeer] = {}
-        self._forward: queue.Queue[Any] = queue.Queue()
-        self._filled: queue.Queue[Any] = queue.Queue()
-
-    def idle_wait(self) -> float:
-        """Rooms waiting for the engine thread: look again soon for their filled sources."""
-        return 0.0005 if len(self.rooms) else super().idle_wait()
+        self.forward = ForwardThread(self._fill, self.ctx, self.inbox.wake_address)
+        tr = self.cfg.transfer
+        self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
 
     def start(self, stop: threading.Event) -> None:
         super().start(stop)
-        threading.Thread(target=self._engine_loop, args=(stop,), name="pdpair-engine", daemon=True).start()
-        self._hb_seq = 0
-        self._next_hb = 0.0
+        if self.cfg.synthetic.verify:
+            self.forward.start(stop)
 
     # ---- registration -------------------------------------------------------------------
     def on_sglang(self, frames: list[bytes]) -> None:
@@ -147,7 +156,9 @@ class PrefillWorker(RoleWorker):
         except PDPairError:
             self.transport.disconnect(peer)
             raise
-        self.peers[address] = DecodePeer(label, address, peer, layout, pairing, reg.legacy_flat_state)
+        self.peers[address] = DecodePeer(
+            label, address, peer, layout, pairing, reg.legacy_flat_state, beats=reg.manifest is not None
+        )
         hello = Hello(
             agent_id=self.agent_id,
             generation=self.generation,
@@ -179,6 +190,8 @@ class PrefillWorker(RoleWorker):
         try:
             md = decode_metadata(frames)
             dp = self.peers.get(tcp(md.endpoint, md.dst_port))
+            if dp is not None:
+                dp.last_seen = time.monotonic()
             if dp is not None and dp.legacy_flat_state:
                 md = decode_metadata(frames, legacy_flat_state=True)
         except BadInput as exc:
@@ -196,41 +209,41 @@ class PrefillWorker(RoleWorker):
             self.metrics.record_outcome(dp.label, "failed", "plan")
 
     def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
-        """Register the room and hand it to the engine thread (the synthetic "forward pass")."""
+        """Register the room; fill its sources on the forward thread (verifying) or start at once."""
         key = (dp.address, md.room)
         self.rooms.add(key, md.room, dp.label, self.timeout)
         self.rooms.advance(key, KVPoll.WaitingForInput)
-        self._forward.put((key, dp, md))
+        if self.cfg.synthetic.verify:
+            self.forward.submit((key, dp, md))
+        else:
+            self.launch(key, dp, md, self._allocate(md))
 
-    def _engine_loop(self, stop: threading.Event) -> None:
-        """Allocate and fill sources off the worker thread, so transfers are polled meanwhile
-        (numpy releases the GIL while it fills)."""
-        while not stop.is_set():
-            try:
-                key, dp, md = self._forward.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            counts = [len(s) for s in md.dst_state_indices]
-            with self.pool_lock:
-                src = self.allocate([len(md.dst_kv_indices)], md.dst_aux_index >= 0, counts)
-            if src is not None and self.cfg.synthetic.verify:
-                self.engine.fill(md.room, *src)
-            self._filled.put((key, dp, md, src))
+    def _allocate(self, md: TransferMetadata) -> Any:
+        counts = [len(s) for s in md.dst_state_indices]
+        with self.pool_lock:
+            return self.allocate([len(md.dst_kv_indices)], md.dst_aux_index >= 0, counts)
+
+    def _fill(self, item: Any) -> Any:
+        """The forward thread's job: allocate and fill one room's sources."""
+        key, dp, md = item
+        src = self._allocate(md)
+        if src is not None:
+            self.engine.fill(md.room, *src)
+        return key, dp, md, src
 
     def start_writes(self) -> None:
-        """Rooms whose sources are filled: plan and start one write per component."""
-        while True:
-            try:
-                key, dp, md, src = self._filled.get_nowait()
-            except queue.Empty:
-                return
-            room = self.rooms.get(key)
-            if src is None:
-                self.finish(self.rooms.fail(key, "prefill pools exhausted"), KVPoll.Failed)
-                continue
-            if room is None:
+        """Rooms the forward thread has filled: plan and start their writes."""
+        for key, dp, md, src in self.forward.done():
+            self.launch(key, dp, md, src)
+
+    def launch(self, key: Any, dp: DecodePeer, md: TransferMetadata, src: Any) -> None:
+        room = self.rooms.get(key)
+        if src is None:
+            self.finish(self.rooms.fail(key, "prefill pools exhausted"), KVPoll.Failed)
+        elif room is None:
+            with self.pool_lock:
                 self.release(src)
-                continue
+        else:
             try:
                 self.write_room(room, dp, md, src)
             except PDPairError as exc:
@@ -311,19 +324,26 @@ class PrefillWorker(RoleWorker):
 
     def on_control(self, frames: list[bytes]) -> None:
         msg = decode_control(frames[0])
-        if isinstance(msg, Abort):
+        if isinstance(msg, Heartbeat):
+            dp = self.peers.get(msg.agent_id)
+            if dp is not None:
+                dp.last_seen = time.monotonic()
+        elif isinstance(msg, Abort):
             for room in [r for r in self.rooms.live() if r.room == msg.room]:
                 self.finish(self.rooms.fail(room.key, f"aborted by decode: {msg.reason}"), KVPoll.Failed)
 
     def tick(self, now: float) -> None:
-        """Heartbeats to every paired decode (decode fails our rooms when they stop)."""
-        if now < self._next_hb:
-            return
-        self._next_hb = now + self.cfg.transfer.heartbeat_interval_seconds
-        self._hb_seq += 1
-        beat = encode_control(Heartbeat(agent_id=self.agent_id, seq=self._hb_seq, time_ns=time.time_ns()))
-        for dp in self.peers.values():
-            self.pushers.send(dp.address, [beat])
+        """Heartbeats to every paired decode; drop the decodes whose heartbeats stopped."""
+        for dp in [d for d in self.peers.values() if d.beats and self.beats.lost(d.last_seen, now)]:
+            del self.peers[dp.address]
+            reason = f"decode {dp.label} heartbeat lost: none for {now - dp.last_seen:.1f}s"
+            log.warning("%s", reason)
+            self.drop_peer(dp, reason)
+            self.pushers.forget(dp.address)
+        beat = self.beats.due(now)
+        if beat is not None:
+            for dp in self.peers.values():
+                self.pushers.send(dp.address, [beat])
 
 
 def _writes(plan: Any) -> Writes:

@@ -1,8 +1,11 @@
 """What both role workers share: identity, control sockets, rooms, pools and allocators, accounting,
 and the one loop that drives them — drain the inbox, poll transfers, expire rooms, tick.
 
-The loop never blocks longer than ``IDLE_WAIT`` and busy-polls (yielding the GIL) only while transfers
-are in flight, so deadlines are checked at least that often and an idle agent costs no CPU.
+The loop is event-driven: idle, it blocks in the inbox poll (at most ``IDLE_WAIT``, so deadlines and
+heartbeats are checked that often), and a message or another thread's ``WAKE`` frame ends the wait at
+once. While transfers are in flight it polls them with the raw engine's own back-off (``PAUSE_MIN``
+doubling to ``PAUSE_MAX``, restarting whenever a message arrives), so the agent waits for an engine
+exactly as a bare ``Transport.wait`` does and never spins holding the GIL.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ..config import AgentConfig
 from ..errors import BadInput, PDPairError
 from ..schema import AUX_COMPONENT, KV_COMPONENT, RoleSchema
 from ..transports import Transport
-from .control import Inbox, Pushers
+from .control import WAKE, Inbox, Pushers
 from .health import AgentStatus
 from .metrics import AgentMetrics, reason_label
 from .pools import IndexAllocator, MemoryPools
@@ -31,6 +34,8 @@ from .synthetic import SyntheticEngine
 log = logging.getLogger("pdpair.agent")
 
 IDLE_WAIT = 0.01
+PAUSE_MIN, PAUSE_MAX = 20e-6, 1e-3
+"""Back-off while transfers run: ``Transport.wait``'s, so agent and raw engine poll alike."""
 DRAIN = 256
 
 Sources = tuple[np.ndarray, int | None, list[np.ndarray | None]]
@@ -77,7 +82,7 @@ class RoleWorker:
     ):
         self.cfg, self.schema, self.pools, self.transport = cfg, schema, pools, transport
         self.metrics, self.status, self.stats = metrics, status, StatsBook()
-        self.name, self.instance = name, instance
+        self.name, self.instance, self.ctx = name, instance, ctx
         self.blobs = list(blobs or [])
         """Descriptor blob of each registered region (canonical order), from ``transport.register``."""
         self.agent_id = f"{name}@{instance}"
@@ -110,7 +115,7 @@ class RoleWorker:
         return self.thread is not None and self.thread.is_alive()
 
     def run(self, stop: threading.Event) -> None:
-        running = 0
+        running, pause, inflight = 0, PAUSE_MIN, -1
         while not stop.is_set():
             first = self.inbox.recv(0 if running else self.idle_wait())
             for frames in ([first] if first else []) + (self.inbox.drain(DRAIN) if first else []):
@@ -120,9 +125,12 @@ class RoleWorker:
             for room in self.rooms.expire(now):
                 self.on_expired(room)
             self.tick(now)
-            self.metrics.set_inflight(len(self.rooms))
+            if len(self.rooms) != inflight:
+                inflight = len(self.rooms)
+                self.metrics.set_inflight(inflight)
             if running:
-                time.sleep(0)
+                pause = PAUSE_MIN if first else min(pause * 2, PAUSE_MAX)
+                time.sleep(pause)
         self.shutdown()
 
     def idle_wait(self) -> float:
@@ -130,6 +138,8 @@ class RoleWorker:
 
     def dispatch(self, frames: list[bytes]) -> None:
         try:
+            if frames == [WAKE]:
+                return  # a helper thread handed work over: the loop picks it up below
             if frames and frames[0] == GUARD:
                 self.on_sglang(frames)
             elif len(frames) == 1:

@@ -1,8 +1,10 @@
 """Wiring: config → schema → pools → transport → role worker → HTTP servers, and orderly shutdown.
 
 ``AgentRuntime`` is what ``pdpair-agent run`` drives and what tests and library users embed: it takes
-an ``AgentConfig`` and, optionally, pre-made pools (adopted engine memory), a transport (e.g. MoRI
-with the test double) and a pod-condition reporter. ``start`` returns once every listener is bound;
+an ``AgentConfig`` and, optionally, pre-made pools (adopted engine memory), a transport, the engine SDK
+module the configured transport should use instead of importing its own (``transport_sdk``: how tests
+run ``backend: mori`` through ``dataplane.transports.mori_double``, the MoRI hardware test double,
+without patching anything) and a pod-condition reporter. ``start`` returns once every listener is bound;
 ``ports`` then says where (ports 0 in the config pick free ones).
 """
 
@@ -15,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import zmq
@@ -35,15 +38,15 @@ from .roles import RoleWorker
 log = logging.getLogger("pdpair.agent.runtime")
 
 
-def make_transport(cfg: AgentConfig, engine_name: str) -> Transport:
-    """The configured engine; its SDK is imported only here, lazily."""
+def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = None) -> Transport:
+    """The configured engine; its SDK is imported only here, lazily — or ``sdk`` is used instead."""
     if cfg.transfer.backend == "mori":
         from ..transports.mori import MoriTransport
 
-        return MoriTransport(engine_name, cfg.listen.host, cfg.transfer.mori)
+        return MoriTransport(engine_name, cfg.listen.host, cfg.transfer.mori, sdk=sdk)
     from ..transports.nixl import NixlTransport
 
-    return NixlTransport(engine_name, cfg.transfer.nixl)
+    return NixlTransport(engine_name, cfg.transfer.nixl, sdk=sdk)
 
 
 class AgentRuntime:
@@ -56,6 +59,7 @@ class AgentRuntime:
         transport: Transport | None = None,
         reporter: ConditionReporter | None = None,
         worker_factory: Callable[..., RoleWorker] | None = None,
+        transport_sdk: ModuleType | None = None,
     ):
         self.cfg = cfg
         self.instance = uuid.uuid4().hex[:12]
@@ -63,7 +67,7 @@ class AgentRuntime:
         self.agent_id = f"{self.name}@{self.instance}"
         self.schema = schema or (pools.schema if pools else schema_from_config(cfg))
         self.pools = pools or MemoryPools.allocate(self.schema, cfg.transfer.device, cfg.transfer.gpu_id)
-        self.transport = transport or make_transport(cfg, self.agent_id)
+        self.transport = transport or make_transport(cfg, self.agent_id, transport_sdk)
         blobs = self.transport.register(self.pools.memory_regions())
         self.metrics = AgentMetrics(cfg.role, self.name)
         self.status = AgentStatus(cfg.role, self.name, self.instance, reporter)

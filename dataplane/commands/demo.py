@@ -40,6 +40,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
     p.add_argument("--hold", type=float, default=0.0, help="keep the agents up this long after the run")
     p.add_argument("--json", action="store_true", help="print a JSON list of per-component results")
+    p.add_argument("--sidecar", action="store_true",
+                   help="engine and agent as two processes per role, over the local API (docs/sidecar.md)")
     p.set_defaults(handler=run)
 
 
@@ -60,6 +62,11 @@ def demo_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from ..agent.launch import AgentProcess, loopback_pair
+
+    if args.sidecar:
+        from ..localapi.demo import run_sidecar_demo
+
+        return run_sidecar_demo(demo_config(args), as_json=args.json, timeout=args.timeout, hold=args.hold)
 
     prefill_cfgs, decode_cfgs = loopback_pair(
         demo_config(args), prefill_tp=args.prefill_tp, decode_tp=args.decode_tp

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
@@ -159,6 +160,33 @@ def test_dead_prefill_fails_rooms_by_heartbeat(tmp_path):
         st = decode[0].status()
         assert st["rooms"]["inflight"] == 0 and not st["ready"]
         assert "heartbeat lost" in next(iter(st["peers"].values()))["reason"]
+
+
+def test_dead_decode_marked_down_by_heartbeat(tmp_path):
+    slow = msgspec.structs.replace(
+        config(requests=0),
+        synthetic=SyntheticConfig(requests_per_second=5, requests=0, tokens=(700,), max_inflight=2),
+    )
+    with agents(tmp_path, slow) as (prefill, decode):
+        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="some requests")
+        assert prefill[0].status()["ready"]
+        decode[0].signal(signal.SIGKILL)
+        killed = time.monotonic()
+
+        def down():
+            peers = prefill[0].status()["peers"]
+            return peers and all(p["state"] == "down" for p in peers.values())
+
+        wait_for(down, timeout=10, what="decode down on prefill")
+        assert time.monotonic() - killed < HB * 6 + 2.5
+        st = prefill[0].status()
+        assert st["rooms"]["inflight"] == 0 and not st["ready"]
+        assert "heartbeat lost" in next(iter(st["peers"].values()))["reason"]
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(prefill[0].url + "/readyz", timeout=2)
+        assert err.value.code == 503
+        text = urllib.request.urlopen(prefill[0].url + "/metrics", timeout=2).read().decode()
+        assert 'pdpair_agent_peer_up{peer="decode-0@127.0.0.1",role="prefill"} 0.0' in text
 
 
 def test_prefill_replaced_behind_bootstrap_rehandshakes(tmp_path):

@@ -1,0 +1,208 @@
+"""``bench transfer``: the agent's end-to-end state send vs the raw NIXL engine writing the same blocks
+vs a plain memcpy of the same bytes, side by side in one run, on identical NIXL/UCX settings.
+
+Per case (a block size, or a model profile's request mix) and per repetition (agent and raw take turns
+going first, so drift in the machine's load hits both alike):
+
+- agent: a prefill and a decode agent as two processes (``pdpair-agent run``, verification off), one
+  room in flight; ``warmup`` + ``requests`` rooms. Latency per request = the median room time on decode
+  (metadata sent → Success received); throughput = bytes over decode's transfer window (first metadata
+  sent → last Success, warm-up rooms included: it cannot be split off from outside the process);
+- raw engine: this process writes the identical ``WritePlan`` of every request, cut exactly as the
+  agent cuts it (one write per component, all posted, then waited for), through the bare
+  ``NixlTransport.write`` + ``wait`` to a second process that only registered the decode layout; the
+  ``warmup`` first requests untimed, then each request timed (median) and the whole loop (throughput);
+- memcpy: numpy copies of the same blocks in this process (the machine's limit).
+
+Each figure is the median over the repetitions. ``overhead_us`` = agent median latency minus raw median
+latency per request: what the agent's control path (two ZMQ hops, planning, accounting) adds.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .. import planner
+from ..agent.launch import AgentProcess, loopback_pair
+from ..agent.pools import MemoryPools
+from ..agent.synthetic import items_for_tokens
+from ..errors import PDPairError
+from ..schema.profiles import schema_from_config
+from ..transports.nixl import NixlTransport, load_sdk
+
+
+def as_role(cfg: Any, role: str) -> Any:
+    return msgspec.structs.replace(cfg, role=role)
+
+
+def with_requests(cfg: Any, requests: int) -> Any:
+    return msgspec.structs.replace(cfg, synthetic=msgspec.structs.replace(cfg.synthetic, requests=requests))
+
+
+def tokens_of(cfg: Any, n: int) -> list[int]:
+    toks = cfg.synthetic.tokens
+    return [toks[i % len(toks)] for i in range(n)]
+
+
+def plan_for(schema: Any, layout: Any, decode_schema: Any, tokens: int) -> Any:
+    """The plan the agent makes for this request with one room in flight (items from index 0)."""
+    c = items_for_tokens(decode_schema, tokens)
+    kv = np.arange(c.kv, dtype=np.int32)
+    state = [np.arange(n, dtype=np.int32) for n in c.state]
+    aux = 0 if c.aux else None
+    return planner.plan_request(schema, layout, planner.RequestIndices(kv, kv, aux, aux, state, state))
+
+
+def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any]:
+    n = cfg.synthetic.requests
+    prefill_schema = schema_from_config(cfg)
+    decode_schema = schema_from_config(as_role(cfg, "decode"))
+    layout = planner.PeerLayout.from_schema(decode_schema)
+    plans = [plan_for(prefill_schema, layout, decode_schema, t) for t in tokens_of(cfg, warmup + n)]
+    agents, raws, copies, loads = [], [], [], []
+    for rep in range(repeat):
+        loads.append(os.getloadavg()[0])
+        first_agent = rep % 2 == 0
+        if first_agent:
+            agents.append(agent_run(with_requests(cfg, warmup + n)))
+        raws.append(raw_run(cfg, plans, warmup))
+        if not first_agent:
+            agents.append(agent_run(with_requests(cfg, warmup + n)))
+        copies.append(memcpy_run(prefill_schema, decode_schema, plans[warmup:]))
+    med = statistics.median
+    agent = {k: med(a[k] for a in agents) for k in agents[0]}
+    raw = {k: med(r[k] for r in raws) for k in raws[0]}
+    return {
+        "case": label,
+        "requests": n,
+        "warmup": warmup,
+        "repeat": repeat,
+        "bytes_per_request": sum(p.total_bytes for p in plans[warmup:]) // max(1, n),
+        "agent_gbps": round(agent["gbps"], 4),
+        "raw_engine_gbps": round(raw["gbps"], 4),
+        "memcpy_gbps": round(med(copies), 4),
+        "ratio_agent_vs_raw": round(agent["gbps"] / raw["gbps"], 4) if raw["gbps"] else None,
+        "agent_p50_us": round(agent["p50_us"], 1),
+        "raw_p50_us": round(raw["p50_us"], 1),
+        "overhead_us": round(agent["p50_us"] - raw["p50_us"], 1),
+        "ratio_runs": [round(a["gbps"] / r["gbps"], 3) for a, r in zip(agents, raws, strict=True)],
+        "overhead_runs_us": [round(a["p50_us"] - r["p50_us"], 1) for a, r in zip(agents, raws, strict=True)],
+        "load_1m": [round(x, 2) for x in loads],
+    }
+
+
+def agent_run(cfg: Any, tries: int = 3) -> dict[str, float]:
+    """One agent pair run; a pair that fails to start (its free port taken meanwhile by another
+    process on a busy machine) is started again on fresh ports."""
+    for attempt in range(tries):
+        try:
+            return _agent_pair(cfg)
+        except PDPairError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _agent_pair(cfg: Any) -> dict[str, float]:
+    (p_cfg,), (d_cfg,) = loopback_pair(cfg)
+    with tempfile.TemporaryDirectory(prefix="pdpair-bench-") as tmp:
+        prefill = AgentProcess(p_cfg, Path(tmp), "prefill")
+        decode = AgentProcess(d_cfg, Path(tmp), "decode")
+        try:
+            prefill.wait_ready()
+            decode.wait_ready()
+            deadline, want = time.monotonic() + 300, cfg.synthetic.requests
+            while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
+                time.sleep(0.05)
+            st = decode.status()
+        finally:
+            decode.stop()
+            prefill.stop()
+    total = sum(c["bytes"] for c in st["components"].values())
+    window = st["transfer_window_seconds"]
+    p50 = st["components"]["kv"]["p50_ms"] * 1e3
+    return {"gbps": total / window / 1e9 if window else 0.0, "p50_us": p50}
+
+
+def _quiet_nixl() -> None:
+    """NIXL logs INFO lines to stdout, which ``--json`` keeps for the results."""
+    load_sdk()
+    logging.getLogger("nixl").setLevel(logging.WARNING)
+
+
+def _target(cfg: Any, conn: Any) -> None:
+    """The raw engine's passive side: register the decode layout, hand out its blobs, wait."""
+    _quiet_nixl()
+    pools = MemoryPools.allocate(schema_from_config(as_role(cfg, "decode")))
+    transport = NixlTransport("bench-raw-target", cfg.transfer.nixl)
+    blobs = transport.register(pools.memory_regions())
+    conn.send((transport.endpoint(), blobs))
+    conn.recv()
+    transport.close()
+
+
+def raw_run(cfg: Any, plans: list[Any], warmup: int) -> dict[str, float]:
+    _quiet_nixl()
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    child = ctx.Process(target=_target, args=(cfg, there), daemon=True)
+    child.start()
+    try:
+        endpoint, blobs = here.recv()
+        pools = MemoryPools.allocate(schema_from_config(cfg))
+        with NixlTransport("bench-raw-initiator", cfg.transfer.nixl) as transport:
+            transport.register(pools.memory_regions())
+            peer = transport.connect("target", endpoint, blobs)
+            parts = [_per_component(plan) for plan in plans]
+            for writes in parts[:warmup]:
+                _write_all(transport, peer, writes)
+            times = []
+            start = time.perf_counter()
+            for writes in parts[warmup:]:
+                t = time.perf_counter()
+                _write_all(transport, peer, writes)
+                times.append(time.perf_counter() - t)
+            elapsed = time.perf_counter() - start
+        here.send("stop")
+    finally:
+        child.join(10)
+    total = sum(p.total_bytes for p in plans[warmup:])
+    return {"gbps": total / elapsed / 1e9, "p50_us": statistics.median(times) * 1e6}
+
+
+def _per_component(plan: Any) -> list[Any]:
+    """The writes the agent issues for this plan: one per component (``agent.prefill`` says why)."""
+    return [plan.select(plan.component == c) for c in np.unique(plan.component).tolist()]
+
+
+def _write_all(transport: Any, peer: Any, writes: list[Any]) -> None:
+    """Post every write, then wait for each: what the agent does for one room, minus the agent."""
+    deadline = time.monotonic() + 30
+    for transfer in [transport.write(peer, w) for w in writes]:
+        transport.wait(transfer, deadline)
+
+
+def memcpy_run(src_schema: Any, dst_schema: Any, plans: list[Any]) -> float:
+    """numpy copies of exactly the planned blocks, between two host pools in this process."""
+    src, dst = MemoryPools.allocate(src_schema), MemoryPools.allocate(dst_schema)
+    fields = ("local_region", "local_offset", "remote_region", "remote_offset", "size")
+    rows = [list(zip(*(getattr(p, f).tolist() for f in fields), strict=True)) for p in plans]
+    start = time.perf_counter()
+    for blocks in rows:
+        for lr, lo, rr, ro, n in blocks:
+            dst.buffers[rr][ro : ro + n] = src.buffers[lr][lo : lo + n]
+    elapsed = time.perf_counter() - start
+    return sum(p.total_bytes for p in plans) / elapsed / 1e9
+
+
+__all__ = ["agent_run", "memcpy_run", "raw_run", "run_case"]
