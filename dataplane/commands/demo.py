@@ -37,6 +37,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--prefill-tp", type=int, default=1)
     p.add_argument("--decode-tp", type=int, default=1)
     p.add_argument("--ucx-tls", default=None, help="UCX_TLS for NIXL (e.g. tcp); default: UCX's choice")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="pools in host memory (default) or CUDA memory (needs torch and a GPU)")
     p.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
     p.add_argument("--hold", type=float, default=0.0, help="keep the agents up this long after the run")
     p.add_argument("--json", action="store_true", help="print a JSON list of per-component results")
@@ -52,7 +54,10 @@ def demo_config(args: argparse.Namespace) -> Any:
     return AgentConfig(
         model=ModelConfig(profile=args.profile, pool_pages=512, max_requests=32),
         transfer=TransferConfig(
-            timeout_seconds=30, heartbeat_interval_seconds=0.5, nixl=NixlConfig(ucx_tls=args.ucx_tls)
+            timeout_seconds=30,
+            heartbeat_interval_seconds=0.5,
+            device=args.device,
+            nixl=NixlConfig(ucx_tls=args.ucx_tls),
         ),
         synthetic=SyntheticConfig(
             requests_per_second=0, requests=args.requests, tokens=tokens, max_inflight=args.inflight
