@@ -24,8 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "operator"), str(REPO / "tests" / "e2e")]
 
@@ -50,10 +48,16 @@ def pair_spec() -> dict[str, Any]:
     }
 
 
+def manifest_stream(docs: list[dict[str, Any]]) -> str:
+    """A YAML stream of JSON documents: PyYAML leaves strings such as a generation hash ``442495e3``
+    unquoted, which kubectl's YAML parser then reads as a number."""
+    return "\n---\n".join(json.dumps(d) for d in docs)
+
+
 def pdpairs_yaml(n: int) -> str:
     docs = [{"apiVersion": "pdpair.io/v1alpha1", "kind": "PDPair", "metadata": {"name": f"b{i}"},
              "spec": pair_spec()} for i in range(n)]
-    return yaml.safe_dump_all(docs)
+    return manifest_stream(docs)
 
 
 def floor_yaml(n: int, namespace: str) -> str:
@@ -67,7 +71,7 @@ def floor_yaml(n: int, namespace: str) -> str:
                   render.build_pod(owner, gen, "prefill", 0), render.build_pod(owner, gen, "decode", 0)):
             del m["metadata"]["ownerReferences"]
             docs.append(m)
-    return yaml.safe_dump_all(docs)
+    return manifest_stream(docs)
 
 
 def counts(cluster: Cluster, namespace: str) -> tuple[int, int, int]:
@@ -162,8 +166,9 @@ def main() -> int:
     cluster.start(timeout=300)
     results = []
     try:
-        cluster.kubectl("apply", "-f", str(REPO / "crds" / "pdpair.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/pdpairs.pdpair.io", "--timeout=60s")
+        from operator_support import install_crd
+
+        install_crd(cluster)
         for n in args.sizes:
             floor = run_floor(cluster, n, args.timeout)
             wait_namespaces_gone(cluster)

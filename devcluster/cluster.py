@@ -115,22 +115,34 @@ def _http_ok(opener: urllib.request.OpenerDirector, url: str) -> bool:
         return False
 
 
-def _node_manifest(name: str) -> dict[str, Any]:
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+NVIDIA_NODE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+AMD_NODE_RESOURCES = {
+    "cpu": "64", "memory": "512Gi", "pods": "110", "amd.com/gpu": "8", "rdma/hca_shared_devices_a": "8",
+}
+AMD_NODE_LABELS = {"node.kubernetes.io/instance-type": "mi300x"}
+AMD_NODE_TAINT = {"key": "amd.com/gpu", "value": "present", "effect": "NoSchedule"}
+"""AMD nodes look like an MI300X node with the RDMA shared device plugin: a ROCm workload (the MoRI
+example) schedules there; the taint keeps everything that does not tolerate it on the NVIDIA nodes."""
+
+
+def _node_manifest(name: str, amd: bool = False) -> dict[str, Any]:
+    resources = AMD_NODE_RESOURCES if amd else NVIDIA_NODE_RESOURCES
+    labels = {
+        "type": "kwok",
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        **(AMD_NODE_LABELS if amd else {}),
+    }
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
             "annotations": {NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {
-                "type": "kwok",
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-            },
+            "labels": labels,
         },
-        "spec": {},
+        "spec": {"taints": [AMD_NODE_TAINT]} if amd else {},
         "status": {"allocatable": resources, "capacity": resources},
     }
 
@@ -162,12 +174,15 @@ class Cluster:
         binaries: Path | None = None,
         nodes: int = 3,
         detached: bool = False,
+        amd_nodes: int = 2,
     ) -> None:
-        """``detached``: components outlive this process (``python -m devcluster up``)."""
+        """``nodes`` NVIDIA and ``amd_nodes`` AMD kwok nodes; ``detached``: components outlive this
+        process (``python -m devcluster up``)."""
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pdpair-k8s-"))
         self.binaries = binaries or bin_dir()
         self.nodes = nodes
+        self.amd_nodes = amd_nodes
         self.ports = Ports()
         self.pids: dict[str, int] = {}
         self._popen: dict[str, subprocess.Popen[bytes]] = {}
@@ -187,7 +202,12 @@ class Cluster:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Cluster:
         """Re-attach to a cluster started by another process (see :meth:`state`)."""
-        cluster = cls(workdir=Path(state["workdir"]), binaries=Path(state["binaries"]), nodes=state["nodes"])
+        cluster = cls(
+            workdir=Path(state["workdir"]),
+            binaries=Path(state["binaries"]),
+            nodes=state["nodes"],
+            amd_nodes=state.get("amd_nodes", 0),
+        )
         cluster._owns_workdir = True
         cluster.ports = Ports(**state["ports"])
         cluster.pids = {name: int(pid) for name, pid in state["pids"].items()}
@@ -199,6 +219,7 @@ class Cluster:
             "workdir": str(self.workdir),
             "binaries": str(self.binaries),
             "nodes": self.nodes,
+            "amd_nodes": self.amd_nodes,
             "ports": vars(self.ports),
             "pids": dict(self.pids),
             "kubeconfig": str(self.kubeconfig),
@@ -244,8 +265,11 @@ class Cluster:
     def apply(
         self, manifests: str | Sequence[dict[str, Any]], *extra: str
     ) -> subprocess.CompletedProcess[str]:
-        """``kubectl apply -f -`` with YAML text or a list of objects."""
-        text = manifests if isinstance(manifests, str) else yaml.safe_dump_all(list(manifests))
+        """``kubectl apply -f -`` with YAML text or a list of objects.
+
+        Objects go as a stream of JSON documents: PyYAML leaves strings such as ``442495e3`` unquoted,
+        which kubectl's YAML parser reads as numbers."""
+        text = manifests if isinstance(manifests, str) else "\n---\n".join(json.dumps(m) for m in manifests)
         return self.kubectl("apply", "-f", "-", *extra, input=text)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -257,7 +281,9 @@ class Cluster:
         begin = time.monotonic()
         try:
             self._start_components(timeout)
-            self.apply([_node_manifest(f"kwok-node-{i}") for i in range(self.nodes)])
+            nodes = [_node_manifest(f"kwok-node-{i}") for i in range(self.nodes)]
+            nodes += [_node_manifest(f"kwok-amd-node-{i}", amd=True) for i in range(self.amd_nodes)]
+            self.apply(nodes)
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
@@ -330,7 +356,7 @@ class Cluster:
             return False
         items = json.loads(proc.stdout)["items"]
         ready = [n for n in items if _condition_true(n, "Ready") and not _tainted(n)]
-        wanted = self.nodes if not self.external_kubeconfig else 1
+        wanted = self.nodes + self.amd_nodes if not self.external_kubeconfig else 1
         return len(ready) >= wanted
 
     def _default_sa_exists(self) -> bool:

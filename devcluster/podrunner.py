@@ -3,7 +3,7 @@
 Role: for end-to-end tests. kwok marks pods Running without running anything;
 :class:`PodRunner` lists the pods of a namespace/label selector, and for each
 Running pod it has not seen yet it gives the pod its own loopback address
-(127.0.x.y; kwok's pod IP is never used or connected to), resolves each mapped
+(127.0.B.x, B a random block per runner; kwok's pod IP is never used or connected to), resolves each mapped
 container's environment, downward-API fields and mounted ConfigMaps/Secrets
 (:mod:`devcluster.podspec`) and starts the container's command as a local process
 in its own process group, logging to a per-pod directory. Pods that disappear
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import tempfile
@@ -71,9 +72,10 @@ class LocalPod:
         return {name: p.proc.poll() for name, p in self.processes.items()}
 
 
-def _addresses(first_host: int = 1) -> Iterator[str]:
-    for third in range(1, 255):
-        for fourth in range(first_host, 255):
+def _addresses(first_block: int = 1) -> Iterator[str]:
+    """127.0.B.1 .. 127.0.B.254 for B = first_block .. 254, then 1 .. first_block - 1."""
+    for third in (*range(first_block, 255), *range(1, first_block)):
+        for fourth in range(1, 255):
             yield f"127.0.{third}.{fourth}"
 
 
@@ -107,7 +109,9 @@ class PodRunner:
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pdpair-pods-"))
         self.pods: dict[str, LocalPod] = {}  # by uid
-        self._free = _addresses()
+        # A random first /24 block: runners of test sessions running side by side on one machine
+        # rarely hand out the same address (agents bind fixed ports on it).
+        self._free = _addresses(random.randint(1, 254))
         self._lock = threading.RLock()
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None

@@ -255,12 +255,17 @@ def volume_files(volume: Mapping[str, Any], ctx: _Context) -> dict[str, bytes] |
 
 # ---------------------------------------------------------------- path rewriting
 def rewrite_paths(text: str, mounts: Mapping[str, Path]) -> str:
-    """Replace every mount path (at a path boundary) in ``text`` by its local directory."""
-    for mount in sorted(mounts, key=len, reverse=True):
-        pattern = re.escape(mount.rstrip("/")) + r"(?=$|[/\s\"',:;=)\]}])"
-        local = str(mounts[mount])
-        text = re.sub(pattern, local.replace("\\", "\\\\"), text)
-    return text
+    """Replace every mount path (at a path boundary) in ``text`` by its local directory.
+
+    One pass over all mount paths, longest first: the local directories usually lie under ``/tmp``,
+    so rewriting mount by mount would rewrite a ``/tmp`` mount inside an already substituted path.
+    """
+    local = {m.rstrip("/") or "/": str(d) for m, d in mounts.items()}
+    if not local:
+        return text
+    alternatives = "|".join(re.escape(m) for m in sorted(local, key=len, reverse=True))
+    pattern = rf"(?<![\w.\-/])({alternatives})(?=$|[/\s\"',:;=)\]}}])"
+    return re.sub(pattern, lambda match: local[match.group(1)], text)
 
 
 def _write_files(root: Path, files: Mapping[str, bytes]) -> None:
@@ -306,19 +311,25 @@ def materialize_volumes(ctx: _Context, root: Path) -> dict[str, Path]:
 
 
 # ---------------------------------------------------------------- command
-def local_argv(container: Mapping[str, Any], commands: Mapping[str, Sequence[str]]) -> list[str] | None:
-    """Map the container's command (or image/name when it has none) to a local argv prefix."""
+def local_argv(
+    container: Mapping[str, Any], commands: Mapping[str, Sequence[str]]
+) -> tuple[list[str], list[str]] | None:
+    """Map the container's command (or image/name when it has none) to a local argv prefix.
+
+    Returns (local prefix, the container's remaining arguments): only the latter are the pod's own
+    words, subject to ``$(VAR)`` expansion and mount-path rewriting; the prefix is a local command line.
+    """
     command = [str(c) for c in container.get("command") or []]
     args = [str(a) for a in container.get("args") or []]
     if command:
         for key in (command[0], os.path.basename(command[0])):
             if key in commands:
-                return [*commands[key], *command[1:], *args]
+                return list(commands[key]), [*command[1:], *args]
         return None
     image = str(container.get("image", ""))
     for key in (image, image.rsplit(":", 1)[0], str(container.get("name"))):
         if key in commands:
-            return [*commands[key], *args]
+            return list(commands[key]), args
     return None
 
 
@@ -332,13 +343,14 @@ def resolve_container(
     volume_root: Path,
 ) -> LocalContainer | None:
     """Everything needed to run ``container`` locally, or None if no command mapping fits."""
-    prefix = local_argv(container, commands)
-    if prefix is None:
+    mapped = local_argv(container, commands)
+    if mapped is None:
         return None
+    prefix, rest = mapped
     ctx = _Context(pod, container, address, lookup)
     mounts = materialize_volumes(ctx, volume_root)
     env = {k: rewrite_paths(v, mounts) for k, v in container_env(ctx).items()}
-    argv = [rewrite_paths(expand(a, env), mounts) for a in prefix]
+    argv = [*prefix, *(rewrite_paths(expand(a, env), mounts) for a in rest)]
     env["PODRUNNER_MOUNTS"] = json.dumps({k: str(v) for k, v in mounts.items()})
     working = container.get("workingDir")
     cwd = Path(rewrite_paths(str(working), mounts)) if working else volume_root.parent

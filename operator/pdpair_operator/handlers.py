@@ -29,13 +29,27 @@ CHILD_LABELS: dict[str, Any] = {
     naming.MANAGED_BY: naming.MANAGER, naming.LABEL_NAME: kopf.PRESENT}
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf builds a diff base (a deep copy of the body) on every event of every watched object, for
+    change-detection handlers. This operator has none (``on.event`` and indices only), so there is
+    nothing to build, store or fetch; at 500 PDPairs the copies were a third of the operator's CPU."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: kopf.Body) -> None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     options: Options = memo.get("options") or Options()
     settings.posting.level = logging.WARNING
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=naming.PREFIX, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.persistence.finalizer = f"{naming.PREFIX}/operator"
     settings.batching.batch_window = options.batch_window
     settings.watching.server_timeout = 300

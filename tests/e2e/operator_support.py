@@ -38,16 +38,28 @@ def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60, interval: fl
 
 
 def install_crd(cluster: Cluster) -> None:
+    """Apply the CRD and poll for Established (``kubectl wait`` fails outright while a freshly created
+    CRD has no conditions yet)."""
     cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pdpairs.pdpair.io", "--timeout=60s")
+
+    def established() -> bool:
+        crd = cluster.kubectl_json("get", "crd", "pdpairs.pdpair.io")
+        return condition(crd, "Established").get("status") == "True"
+
+    wait_for("CRD pdpairs.pdpair.io Established", established, timeout=60)
 
 
 @contextmanager
 def running_operator(cluster: Cluster, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
-    """``pdpair-operator`` as a subprocess on the cluster's kubeconfig (stopped on exit)."""
+    """``pdpair-operator`` as a subprocess on the cluster's kubeconfig (stopped on exit).
+
+    ``PDPAIR_OPERATOR_KUBECONFIG`` gives the operator alone another identity: tests/e2e/test_chart_install.py
+    runs this suite with a token of the Helm chart's ServiceAccount, so only the chart's RBAC applies."""
     argv = [str(REPO / ".venv" / "bin" / "pdpair-operator"), "--standalone", "--log-format", "full",
             "--metrics-port", str(free_port()), *extra]
     env = {**cluster.env(), "PYTHONUNBUFFERED": "1"}
+    if os.environ.get("PDPAIR_OPERATOR_KUBECONFIG"):
+        env["KUBECONFIG"] = os.environ["PDPAIR_OPERATOR_KUBECONFIG"]
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

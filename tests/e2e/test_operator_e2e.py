@@ -120,15 +120,16 @@ def test_example_creates_owned_children_and_pods_run(cluster: Cluster, ns: str, 
     for obj in (o for group in kids.values() for o in group):
         [ref] = obj["metadata"]["ownerReferences"]
         assert (ref["uid"], ref["kind"], ref["controller"]) == (owner_uid, "PDPair", True)
-    schedulable = all(r.get("resources", {}).get("gpuResourceName", "nvidia.com/gpu") == "nvidia.com/gpu"
-                      for r in (doc["spec"]["prefill"], doc["spec"]["decode"]))
-    if schedulable:
-        wait_for(f"{total} pods Running", lambda: running(cluster, ns, name, total), timeout=90)
-        status = wait_for("status", lambda: pdpair(cluster, ns, name).get("status"), timeout=30)
-        assert status["generationHash"] and status["bootstrapEndpoint"].endswith(f".{ns}.svc:8998")
-    else:
-        pending = [p for p in kids["pods"] if p.get("status", {}).get("phase") == "Pending"]
-        assert len(pending) == total, "amd.com/gpu is not on kwok nodes: these pods wait for a scheduler fit"
+    wait_for(f"{total} pods Running", lambda: running(cluster, ns, name, total), timeout=90)
+    status = wait_for("status", lambda: pdpair(cluster, ns, name).get("status"), timeout=30)
+    assert status["generationHash"] and status["bootstrapEndpoint"].endswith(f".{ns}.svc:8998")
+    gpu = {doc["spec"][r].get("resources", {}).get("gpuResourceName", "nvidia.com/gpu")
+           for r in ("prefill", "decode")}
+    nodes = {p["spec"]["nodeName"] for p in pods(cluster, ns, name)}
+    if gpu == {"amd.com/gpu"}:
+        assert all(n.startswith("kwok-amd-node-") for n in nodes), nodes
+    for pod in pods(cluster, ns, name):
+        assert condition(pod, "pdpair.io/TransferReady") == {}, "only the agent may set TransferReady"
 
 
 def test_fake_agents_make_it_ready_and_scale_up_and_down(cluster: Cluster, ns: str) -> None:
@@ -268,17 +269,38 @@ def test_status_and_printer_columns(cluster: Cluster, ns: str) -> None:
 
 
 # ---- real agents through the local pod runner ---------------------------------------------------------
-def _publish_prefill_addresses(runner: Any, ns: str, name: str, hosts: Path) -> None:
+def _publish_bootstrap_addresses(cluster: Cluster, runner: Any, ns: str, hosts: Path) -> None:
+    """The test's cluster DNS: each bootstrap Service's name → the loopback address the runner gave the
+    Running pod its selector picks, resolved from the API by pod UID (never a cluster IP)."""
+    local = {p.uid: p.address for p in list(runner.pods.values()) if not p.stopped}
     mapping: dict[str, str] = {}
-    for pod in list(runner.pods.values()):
-        parts = pod.name.rsplit("-", 3)
-        if len(parts) == 4 and parts[2] == "prefill" and parts[3] == "0" and not pod.stopped:
-            mapping[f"{name}-bootstrap-{parts[1]}.{ns}.svc"] = pod.address
-    hosts.write_text(json.dumps(mapping))
+    for svc in get(cluster, "services", ns, "-l", "pdpair.io/child=bootstrap")["items"]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(svc["spec"]["selector"].items()))
+        for pod in get(cluster, "pods", ns, "-l", selector)["items"]:
+            uid = pod["metadata"]["uid"]
+            if uid in local and not pod["metadata"].get("deletionTimestamp"):
+                mapping[f"{svc['metadata']['name']}.{ns}.svc"] = local[uid]
+    tmp = hosts.with_suffix(".tmp")
+    tmp.write_text(json.dumps(mapping))
+    tmp.replace(hosts)
+
+
+def _agent_status(address: str, port: int = 9400) -> dict[str, Any]:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{address}:{port}/status", timeout=5) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def _by_role(cluster: Cluster, ns: str, name: str, role: str) -> dict[str, Any]:
+    return next(p for p in pods(cluster, ns, name) if p["metadata"]["labels"]["pdpair.io/role"] == role
+                and not p["metadata"].get("deletionTimestamp"))
 
 
 def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Cluster, ns: str,
                                                                   tmp_path: Path) -> None:
+    import ipaddress
     import sys
     import threading
 
@@ -298,29 +320,71 @@ def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Clust
 
         def publish() -> None:
             while not stop.wait(0.3):
-                _publish_prefill_addresses(runner, ns, "pure-kv", hosts)
+                try:
+                    _publish_bootstrap_addresses(cluster, runner, ns, hosts)
+                except Exception as exc:  # a busy API server or a pod mid-start: the next round retries
+                    print(f"publishing bootstrap addresses: {exc}", file=sys.stderr)
 
         threading.Thread(target=publish, daemon=True).start()
         try:
-            obj = wait_for("Ready via real agents", lambda: ready(cluster, ns, "pure-kv"), timeout=120)
-            transfer = condition(obj, "TransferReady")
-            assert transfer["status"] == "True" and transfer["reason"]
-            gen = obj["status"]["generationHash"]
-            cm = f"pure-kv-agent-{gen}"
-            data = get(cluster, "configmap", ns, cm)["data"]
-            skewed = yaml.safe_load(data["decode.yaml"])
-            skewed["model"]["profile"] = "qwen3-next"
-            patch = {"data": {"decode.yaml": yaml.safe_dump(skewed)}}
-            cluster.kubectl("patch", "configmap", cm, "-n", ns, "--type=merge", "-p", json.dumps(patch))
-            decode = next(p["metadata"]["name"] for p in pods(cluster, ns, "pure-kv")
-                          if p["metadata"]["labels"]["pdpair.io/role"] == "decode")
-            cluster.kubectl("delete", "pod", decode, "-n", ns, "--wait=true")
-
-            def refused() -> dict[str, Any] | None:
-                cond = condition(pdpair(cluster, ns, "pure-kv"), "TransferReady")
-                return cond if cond.get("status") == "False" else None
-
-            cond = wait_for("TransferReady=False from the agents", refused, timeout=120)
-            assert cond["reason"] and cond["message"], cond
+            _handshake_and_transfer(cluster, runner, ns)
+            _incompatible_decode_is_refused(cluster, runner, ns)
         finally:
             stop.set()
+            for pod in list(runner.pods.values()):
+                assert ipaddress.ip_address(pod.address).is_loopback, pod.address
+
+
+def _handshake_and_transfer(cluster: Cluster, runner: Any, ns: str) -> None:
+    """Real agents: the PDPair turns Ready from their own pod conditions, and the canary moves bytes."""
+    obj = wait_for("Ready via real agents", lambda: ready(cluster, ns, "pure-kv"), timeout=120)
+    transfer = condition(obj, "TransferReady")
+    assert (transfer["status"], transfer["reason"]) == ("True", "Paired"), transfer
+    for role in ("prefill", "decode"):
+        pod = _by_role(cluster, ns, "pure-kv", role)
+        reported = condition(pod, "pdpair.io/TransferReady")
+        assert (reported["status"], reported["reason"]) == ("True", "Paired"), reported
+    decode = runner.address(_by_role(cluster, ns, "pure-kv", "decode")["metadata"]["name"])
+
+    def verified() -> dict[str, Any] | None:
+        status = _agent_status(decode)
+        text = json.dumps(status)
+        return status if '"paired"' in text and _verified_ok(decode) > 0 else None
+
+    wait_for("canary transfers verified by decode", verified, timeout=60)
+
+
+def _verified_ok(address: str) -> float:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{address}:9400/metrics", timeout=5) as resp:
+        lines = resp.read().decode().splitlines()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines
+               if ln.startswith("pdpair_agent_verified_bytes_total{") and 'result="ok"' in ln)
+
+
+def _incompatible_decode_is_refused(cluster: Cluster, runner: Any, ns: str) -> None:
+    """A decode started with another model profile: the agents refuse it, and the PDPair says why."""
+    gen = pdpair(cluster, ns, "pure-kv")["status"]["generationHash"]
+    cm = f"pure-kv-agent-{gen}"
+    skewed = yaml.safe_load(get(cluster, "configmap", ns, cm)["data"]["decode.yaml"])
+    skewed["model"]["profile"] = "qwen3-next"
+    patch = {"data": {"decode.yaml": yaml.safe_dump(skewed)}}
+    cluster.kubectl("patch", "configmap", cm, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+    decode = _by_role(cluster, ns, "pure-kv", "decode")["metadata"]
+    runner.delete_pod(decode["name"])
+
+    def refused() -> dict[str, Any] | None:
+        cond = condition(pdpair(cluster, ns, "pure-kv"), "TransferReady")
+        return cond if (cond.get("status"), cond.get("reason")) == ("False", "HandshakeRefused") else None
+
+    cond = wait_for("TransferReady=False from the agents", refused, timeout=120)
+    assert "pure-kv on prefill vs qwen3-next on decode" in cond["message"], cond
+    replacement = _by_role(cluster, ns, "pure-kv", "decode")
+    assert replacement["metadata"]["uid"] != decode["uid"]
+    reports = [condition(p, "pdpair.io/TransferReady") for p in pods(cluster, ns, "pure-kv")]
+    refusals = [r for r in reports if r.get("reason") == "HandshakeRefused" and "qwen3-next" in r["message"]]
+    assert refusals, reports
+    obj = pdpair(cluster, ns, "pure-kv")
+    assert condition(obj, "Ready")["status"] == "False" and condition(obj, "Degraded")["status"] == "True"
