@@ -24,10 +24,16 @@ Blobs = tuple[bytes, ...]
 _BLOB_LIST = msgspec.msgpack.Decoder(list[bytes])
 _BLOB_LISTS = msgspec.msgpack.Decoder(list[list[bytes]])
 _ENCODER = msgspec.msgpack.Encoder()
+_BYTES_ONLY = {bytes}
 
 
 def check_frames(frames: Sequence[bytes], *, kind: str, min_frames: int) -> list[bytes]:
-    """Validate the guard and the frame count; return the frames as a list of ``bytes``."""
+    """Validate the guard and the frame count; return the frames as a list of ``bytes`` (a list that
+    already is one, guard first, is returned as it is: the common case, checked in one pass)."""
+    if type(frames) is list and frames and frames[0] == GUARD and set(map(type, frames)) == _BYTES_ONLY:
+        if len(frames) < min_frames:
+            raise WireFormatError(f"{kind}: expected at least {min_frames} frames, got {len(frames)}")
+        return frames
     if isinstance(frames, bytes | bytearray | memoryview | str):
         raise WireFormatError(f"{kind}: expected a sequence of frames, got a single {type(frames).__name__}")
     out: list[bytes] = []

@@ -30,6 +30,8 @@ _SHORT = 512
 """Lists up to this length use ``struct`` (one cached ``Struct`` per format and length)."""
 _STRUCTS: dict[tuple[str, int], struct.Struct] = {}
 _U32 = struct.Struct("<I")
+_ONE_LIST = struct.Struct("<II")
+"""The header of a ``pack_int_lists`` buffer holding one list (a request's state indices, usually)."""
 _INT_ONLY = {int}
 
 
@@ -151,6 +153,10 @@ def unpack_int_lists(buf: bytes, fmt: IntFormat, *, what: str = "int lists") -> 
     if len(buf) == 0:
         return []
     native = _NATIVE_DTYPE[fmt]
+    if len(buf) >= 8:
+        n, byte_len = _ONE_LIST.unpack_from(buf)
+        if n == 1 and byte_len == len(buf) - 8 and not byte_len % 4:
+            return [np.frombuffer(buf, dtype=dtype, offset=8).astype(native)]
     return [
         np.frombuffer(buf, dtype=dtype, count=ln >> 2, offset=off).astype(native)
         for off, ln in _list_spans(buf, what)

@@ -13,6 +13,7 @@ frame 7 is read as one raw ``<i4`` array, i.e. a single component.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,10 @@ class TransferMetadata(msgspec.Struct, frozen=True, kw_only=True, eq=False):
 
 
 _NO_STATE = np.empty(0, dtype=np.int32)
+_WIRE_I32 = np.dtype("<i4")
+_ONE_LIST = struct.Struct("<II")
+"""``pack_int_lists`` header of a single list: the common one-component state frame skips the generic
+packer (an int32 array needs no range check)."""
 
 
 def _flat(entry: Any | None) -> Any:
@@ -64,6 +69,10 @@ def _flat(entry: Any | None) -> Any:
 
 
 def _state_frame(state: Sequence[Any | None]) -> bytes:
+    if len(state) == 1:
+        one = state[0]
+        if type(one) is np.ndarray and one.ndim == 1 and one.dtype == _WIRE_I32:
+            return _ONE_LIST.pack(1, one.nbytes) + one.tobytes()
     return pack_int_lists([_flat(s) for s in state], "i", what="dst_state_indices")
 
 

@@ -7,7 +7,8 @@ group's blocks at once: whole-item groups over contiguous runs (sizes ``item x r
 groups over every index. All six columns are row views of three arrays (int64 offsets and sizes, int32
 regions, int16 components) sized up front, so nothing is concatenated afterwards.
 
-``assemble`` validates nothing itself: ``rules.checked`` has, before it is called.
+``Builder`` validates nothing itself: ``rules.checked`` (or ``rules.checked_runs``) has, before a
+part is added.
 """
 
 from __future__ import annotations
@@ -22,101 +23,147 @@ from .plan import WritePlan
 from .runs import paired_runs
 from .tables import GroupTable, Tables
 
-__all__ = ["Part", "assemble"]
+__all__ = ["Builder", "Part", "assemble"]
 
 Indices = npt.NDArray[np.integer]
 Part = tuple[int, Indices, Indices]
 """(group position in ``Tables``, prefill indices, decode indices), equal lengths, checked."""
 I64 = npt.NDArray[np.int64]
 _Single = tuple[int, int, int, int]
-_Bulk = tuple[int, I64, I64 | None, int]
+_Bulk = tuple[int, npt.NDArray[np.integer], npt.NDArray[np.integer] | None, int]
+"""(group, ``(2, count)`` prefill/decode indices or run starts, run lengths or None, first row)."""
 _Columns = tuple[npt.NDArray[Any], ...]
 
 
-class _Out:
-    """The plan's storage: offsets and sizes, regions, components; columns are row views."""
+class Builder:
+    """Collects one request's parts (rows counted as they come), then writes every row at once."""
 
-    __slots__ = ("i16", "i32", "i64")
+    __slots__ = ("bulk", "n", "singles", "tables")
 
-    def __init__(self, n: int) -> None:
-        self.i64 = np.empty((3, n), dtype=np.int64)
-        self.i32 = np.empty((2, n), dtype=np.int32)
-        self.i16 = np.empty(n, dtype=np.int16)
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+        self.singles: list[_Single] = []
+        self.bulk: list[_Bulk] = []
+        self.n = 0
 
-    def columns(self) -> _Columns:
-        i64, i32 = self.i64, self.i32
-        return i32[0], i64[0], i32[1], i64[1], i64[2], self.i16
+    def single(self, gi: int, src: int, dst: int) -> None:
+        self.singles.append((gi, src, dst, self.n))
+        self.n += self.tables.blocks[gi]
+
+    def runs(self, gi: int, starts: npt.NDArray[np.integer], lengths: npt.NDArray[np.integer]) -> None:
+        """A whole-item group's contiguous runs: ``starts`` is ``(2, runs)`` (prefill, decode)."""
+        self.bulk.append((gi, starts, lengths, self.n))
+        self.n += self.tables.blocks[gi] * starts.shape[1]
+
+    def add(self, gi: int, src: Indices, dst: Indices) -> None:
+        """Any checked part: single, runs of a whole-item group, or every index of a sliced group."""
+        if src.size == 1:
+            self.single(gi, int(src[0]), int(dst[0]))
+        elif src.size:
+            if self.tables.groups[gi].whole:
+                self.runs(gi, *paired_runs(src, dst))
+            else:
+                pair = np.concatenate((src, dst), dtype=np.int64).reshape(2, -1)
+                self.bulk.append((gi, pair, None, self.n))
+                self.n += self.tables.groups[gi].blocks * pair.shape[1]
+
+    def plan(self) -> WritePlan:
+        """Every write, in part order, each part block-major then index-major."""
+        n = self.n
+        if n == 0:
+            return WritePlan.empty()
+        i64 = np.empty((3, n), dtype=np.int64)
+        i32 = np.empty((2, n), dtype=np.int32)
+        i16 = np.empty(n, dtype=np.int16)
+        for gi, pair, lengths, at in self.bulk:
+            _fill_bulk(i64, i32, i16, self.tables.groups[gi], pair, lengths, at)
+        singles, first = self.singles, 0
+        for k in range(1, len(singles) + 1):
+            if k == len(singles) or singles[k][0] != singles[k - 1][0] + 1:
+                _fill_singles(i64, i32, i16, self.tables, singles[first:k])
+                first = k
+        return WritePlan(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
 
 
 def assemble(tables: Tables, parts: Sequence[Part]) -> WritePlan:
     """Every write of ``parts``, in part order, each part block-major then index-major."""
-    singles: list[_Single] = []
-    bulk: list[_Bulk] = []
-    n = 0
+    builder = Builder(tables)
     for gi, src, dst in parts:
-        g = tables.groups[gi]
-        if src.size == 1:
-            singles.append((gi, int(src[0]), int(dst[0]), n))
-            n += g.blocks
-        elif src.size:
-            if g.whole:
-                pair, lengths = paired_runs(src, dst)
-            else:
-                pair, lengths = np.concatenate((src, dst), dtype=np.int64).reshape(2, -1), None
-            bulk.append((gi, pair, lengths, n))
-            n += g.blocks * pair.shape[1]
-    if n == 0:
-        return WritePlan.empty()
-    return WritePlan.trusted(*_materialise(tables, singles, bulk, n))
+        builder.add(gi, src, dst)
+    return builder.plan()
 
 
-def _materialise(tables: Tables, singles: list[_Single], bulk: list[_Bulk], n: int) -> _Columns:
-    out = _Out(n)
-    for gi, pair, lengths, at in bulk:
-        _fill_bulk(out, tables.groups[gi], pair, lengths, at)
-    first = 0
-    for k in range(1, len(singles) + 1):
-        if k == len(singles) or singles[k][0] != singles[k - 1][0] + 1:
-            _fill_singles(out, tables, singles[first:k])
-            first = k
-    return out.columns()
+def _fill_bulk(
+    i64: I64,
+    i32: npt.NDArray[np.int32],
+    i16: npt.NDArray[np.int16],
+    g: GroupTable,
+    pair: npt.NDArray[np.integer],
+    lengths: npt.NDArray[np.integer] | None,
+    at: int,
+) -> None:
+    """``offset = item x index (+ base)`` for every block and every index (or run) of one group.
 
-
-def _fill_bulk(out: _Out, g: GroupTable, pair: I64, lengths: I64 | None, at: int) -> None:
-    """``offset = item x index (+ base)`` for every block and every index (or run) of one group."""
+    The row slices of the C-ordered outputs only split their last, unit-stride axis, so each
+    ``reshape`` is a view of the plan's storage (numpy never needs a copy for that)."""
     blocks, count = g.blocks, pair.shape[1]
     end = at + blocks * count
-    offsets = np.reshape(out.i64[0:2, at:end], (2, blocks, count), copy=False)
-    np.multiply(g.items[:, :, None], pair[:, None, :], out=offsets)
-    if g.based:
-        np.add(offsets, g.bases[:, :, None], out=offsets)
-    sizes = np.reshape(out.i64[2, at:end], (blocks, count), copy=False)
-    if lengths is None:
-        sizes[...] = g.size[:, None]
+    if g.family is not None:
+        _fill_family(i64[:, at:end].reshape(3, blocks, count), g, g.family, pair, lengths)
     else:
-        np.multiply(g.size[:, None], lengths, out=sizes)
-    np.reshape(out.i32[:, at:end], (2, blocks, count), copy=False)[...] = g.regions[:, :, None]
-    out.i16[at:end] = g.component
+        offsets = i64[0:2, at:end].reshape(2, blocks, count)
+        np.multiply(g.items[:, :, None], pair[:, None, :], out=offsets)
+        if g.based:
+            np.add(offsets, g.bases[:, :, None], out=offsets)
+        sizes = i64[2, at:end].reshape(blocks, count)
+        if lengths is None:
+            sizes[...] = g.size[:, None]
+        else:
+            np.multiply(g.size[:, None], lengths, out=sizes)
+    i32[:, at:end].reshape(2, blocks, count)[...] = g.regions[:, :, None]
+    i16[at:end] = g.component
 
 
-def _fill_singles(out: _Out, tables: Tables, run: Sequence[_Single]) -> None:
+def _fill_family(
+    out: I64,
+    g: GroupTable,
+    family: I64,
+    pair: npt.NDArray[np.integer],
+    lengths: npt.NDArray[np.integer] | None,
+) -> None:
+    """Blocks sharing item lengths and size: ``[offsets; size]`` once per index, then one broadcast
+    over the blocks (adding each block's base when there are any)."""
+    one = np.empty((3, pair.shape[1]), dtype=np.int64)
+    np.multiply(family[0:2], pair, out=one[0:2])
+    if lengths is None:
+        one[2] = family[2, 0]
+    else:
+        np.multiply(family[2], lengths, out=one[2])
+    if g.based:
+        np.add(one[0:2, None, :], g.bases[:, :, None], out=out[0:2])
+        out[2] = one[2]
+    else:
+        out[...] = one[:, None, :]
+
+
+def _fill_singles(
+    i64: I64, i32: npt.NDArray[np.int32], i16: npt.NDArray[np.int16], tables: Tables, run: Sequence[_Single]
+) -> None:
     """Consecutive groups with one index each: their table rows are contiguous, so one lookup of the
-    per-row index and one multiply cover all of them."""
+    per-row ``[src; dst; 1]`` index and one multiply give all their offsets and sizes."""
     first, last = run[0][0], run[-1][0]
     lo, hi = tables.start[first], tables.start[last] + tables.groups[last].blocks
     at = run[0][3]
     end = at + hi - lo
     if len(run) == 1:
-        index: npt.NDArray[np.int64] = np.array([[run[0][1]], [run[0][2]]], dtype=np.int64)
+        index: npt.NDArray[np.int64] = np.array([[run[0][1]], [run[0][2]], [1]], dtype=np.int64)
     else:
-        per_group = np.zeros((2, len(tables.groups)), dtype=np.int64)
+        per_group = tables.index.copy()
         for gi, s, d, _ in run:
             per_group[0, gi], per_group[1, gi] = s, d
-        index = per_group[:, tables.row_group[lo:hi]]
-    offsets = out.i64[0:2, at:end]
-    np.multiply(tables.items[:, lo:hi], index, out=offsets)
+        index = per_group.take(tables.row_group[lo:hi], axis=1)
+    np.multiply(tables.scale[:, lo:hi], index, out=i64[:, at:end])
     if tables.based:
-        np.add(offsets, tables.bases[:, lo:hi], out=offsets)
-    out.i64[2, at:end] = tables.size[lo:hi]
-    out.i32[:, at:end] = tables.regions[:, lo:hi]
-    out.i16[at:end] = tables.component[lo:hi]
+        np.add(i64[0:2, at:end], tables.bases[:, lo:hi], out=i64[0:2, at:end])
+    i32[:, at:end] = tables.regions[:, lo:hi]
+    i16[at:end] = tables.component[lo:hi]

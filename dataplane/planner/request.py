@@ -15,12 +15,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import PlanError
-from ..schema import RoleSchema
-from .assemble import Part, assemble
+from ..schema import RoleSchema, SendRule
+from .assemble import Builder
 from .layout import PeerLayout, RequestIndices
-from .pairing import Pairing
+from .pairing import Pairing, TensorGroup
 from .plan import WritePlan
-from .rules import checked
+from .rules import checked, checked_runs
 
 __all__ = ["pairing_for", "plan_request"]
 
@@ -48,18 +48,44 @@ def plan_request(
     an empty plan, which the caller completes at once.
     """
     pr = pairing or pairing_for(local, peer)
-    parts: list[Part] = []
+    out = Builder(pr.tables)
     if (req.src_kv.size or req.dst_kv.size) and len(pr.kv):
-        parts.append((0, *checked(pr.kv, req.src_kv, req.dst_kv)))
+        _add(out, 0, pr.kv, req.src_kv, req.dst_kv)
     if (req.src_aux is None) != (req.dst_aux is None):
         raise PlanError(f"aux: index given on one side only (prefill {req.src_aux}, decode {req.dst_aux})")
     if req.src_aux is not None and req.dst_aux is not None and len(pr.aux):
-        parts.append((1, *checked(pr.aux, _one(req.src_aux), _one(req.dst_aux))))
+        out.single(1, *_aux(pr.aux, req.src_aux, req.dst_aux))
     src_state, dst_state = _states(req.src_state, pr, "prefill"), _states(req.dst_state, pr, "decode")
     for ci, (group, src, dst) in enumerate(zip(pr.components, src_state, dst_state, strict=True)):
         if src is not None and dst is not None and src.size and dst.size and len(group):
-            parts.append((2 + ci, *checked(group, src, dst)))
-    return assemble(pr.tables, parts)
+            _add(out, 2 + ci, group, src, dst)
+    return out.plan()
+
+
+def _add(
+    out: Builder, gi: int, group: TensorGroup, src: npt.NDArray[np.int32], dst: npt.NDArray[np.int32]
+) -> None:
+    """Whole-item groups with several indices go through ``checked_runs`` (one pass for the range
+    check and the runs); everything else through ``checked``."""
+    if group.whole and src.size > 1 and dst.size > 1:
+        out.runs(gi, *checked_runs(group, src, dst))
+    else:
+        out.add(gi, *checked(group, src, dst))
+
+
+def _aux(group: TensorGroup, src: int, dst: int) -> tuple[int, int]:
+    """The aux slot as plain ints: in-range slot indices (the common case) need no arrays; anything
+    else goes through ``checked``, for the rule's own check and the specific error."""
+    if (
+        group.rule is SendRule.SLOT
+        and type(src) is int
+        and type(dst) is int
+        and 0 <= src < group.local_limit
+        and 0 <= dst < group.remote_limit
+    ):
+        return src, dst
+    s, d = checked(group, _one(src), _one(dst))
+    return int(s[0]), int(d[0])
 
 
 def _one(index: int) -> npt.NDArray[np.int32]:

@@ -22,9 +22,10 @@ from ..schema import SendRule
 from .assemble import assemble
 from .pairing import TensorGroup
 from .plan import WritePlan
+from .runs import interleaved, paired_runs, word_runs
 from .tables import Tables
 
-__all__ = ["CHECKS", "RULES", "check_indices", "checked", "plan_group"]
+__all__ = ["CHECKS", "RULES", "check_indices", "checked", "checked_runs", "plan_group"]
 
 log = logging.getLogger(__name__)
 Indices = npt.NDArray[np.int32]
@@ -101,11 +102,37 @@ CHECKS: dict[SendRule, Check] = {
 def checked(group: TensorGroup, src: Indices, dst: Indices) -> Pair:
     """The group's rule, then every index against its side's item count (both registered regions)."""
     src, dst = CHECKS[group.rule](group, src, dst)
+    _check_sides(group, src, dst)
+    return src, dst
+
+
+def _check_sides(group: TensorGroup, src: Indices, dst: Indices) -> None:
     if not _in_range(src, group.local_limit):
         check_indices(src, group.local_limit, f"{group.name}: prefill")
     if not _in_range(dst, group.remote_limit):
         check_indices(dst, group.remote_limit, f"{group.name}: decode")
-    return src, dst
+
+
+Runs = tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]
+
+
+def checked_runs(group: TensorGroup, src: Indices, dst: Indices) -> Runs:
+    """``checked`` plus the contiguous runs of a whole-item group: ``((2, runs) starts, lengths)``.
+
+    For 1-D int32 indices both sides go into one interleaved buffer: one ``max`` over it (as uint32,
+    so a negative index is huge) against the smaller limit clears both sides at once; only when it
+    does not are the sides checked one by one, which raises the specific error or passes an index
+    that is only beyond the other side's limit."""
+    src, dst = CHECKS[group.rule](group, src, dst)
+    limit = min(group.local_limit, group.remote_limit)
+    if not (src.dtype == _I32 and dst.dtype == _I32 and src.ndim == 1 and dst.ndim == 1 and src.size > 1):
+        _check_sides(group, src, dst)
+        return paired_runs(src, dst)
+    buf = interleaved(src, dst)
+    if limit > 2**31 or int(buf.view(np.uint32).max()) >= limit:
+        _check_sides(group, src, dst)
+    starts, lengths = word_runs(buf)
+    return starts.T, lengths
 
 
 def _rule(check: Check) -> Rule:

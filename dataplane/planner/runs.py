@@ -14,7 +14,14 @@ import numpy.typing as npt
 
 from ..errors import PlanError
 
-__all__ = ["Runs", "contiguous_runs", "group_concurrent_contiguous", "paired_runs"]
+__all__ = [
+    "Runs",
+    "contiguous_runs",
+    "group_concurrent_contiguous",
+    "interleaved",
+    "paired_runs",
+    "word_runs",
+]
 
 Runs = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 I64 = npt.NDArray[np.int64]
@@ -55,3 +62,32 @@ def group_concurrent_contiguous(
     src_groups = [list(range(a, a + n)) for a, n in zip(s_start.tolist(), length.tolist(), strict=True)]
     dst_groups = [list(range(a, a + n)) for a, n in zip(d_start.tolist(), length.tolist(), strict=True)]
     return src_groups, dst_groups
+
+
+_BOTH_STEP = (1 << 32) + 1
+"""Two lanes that both step by +1, as the step of the 64-bit words the lanes form (either endianness)."""
+
+
+def interleaved(src: npt.NDArray[np.int32], dst: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    """``(n, 2)`` int32 rows ``(src[i], dst[i])``: each row is one 64-bit word, so one subtraction of
+    words and one compare find the runs, and one gather picks both sides' starts."""
+    buf = np.empty((src.size, 2), dtype=np.int32)
+    buf[:, 0] = src
+    buf[:, 1] = dst
+    return buf
+
+
+def word_runs(buf: npt.NDArray[np.int32]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.intp]]:
+    """``(starts, lengths)`` of the runs of an ``interleaved`` pair: ``starts`` is ``(runs, 2)``.
+
+    Only for indices already checked to lie in ``0 <= i < 2**31``. Then a word is ``hi * 2**32 + lo``
+    with both lanes non-negative, and a word step of ``2**32 + 1`` means ``(hi step - 1) * 2**32 ==
+    1 - lo step``, where ``|1 - lo step| < 2**32``: both lanes stepped by exactly 1."""
+    n = len(buf)
+    words = buf.view(np.int64).reshape(n)
+    bounds = np.empty(n + 1, dtype=np.bool_)
+    bounds[0] = bounds[n] = True
+    np.not_equal(words[1:] - words[:-1], _BOTH_STEP, out=bounds[1:n])
+    edges = bounds.nonzero()[0]
+    starts = edges[:-1]
+    return words[starts].view(np.int32).reshape(-1, 2), edges[1:] - starts

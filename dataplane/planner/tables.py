@@ -29,7 +29,11 @@ def _frozen(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
 @dataclass(frozen=True, eq=False)
 class GroupTable:
     """One group's blocks. ``whole`` groups have one block per tensor covering the item (equal on both
-    sides), so contiguous runs of items coalesce; ``based`` says whether any base is non-zero."""
+    sides), so contiguous runs of items coalesce; ``based`` says whether any base is non-zero.
+
+    ``family`` is ``[[prefill item], [decode item], [size]]`` (a ``(3, 1)`` column) when every block
+    shares them (e.g. all KV buffers of one item length): a request's offsets and sizes are then
+    computed once per index or run and broadcast over the blocks."""
 
     regions: npt.NDArray[np.int32]
     items: I64
@@ -38,6 +42,7 @@ class GroupTable:
     component: int
     whole: bool
     based: bool
+    family: I64 | None = None
 
     @classmethod
     def build(
@@ -50,14 +55,19 @@ class GroupTable:
         whole: bool,
     ) -> GroupTable:
         base = np.array(bases, dtype=np.int64).reshape(2, -1)
+        item = np.array(items, dtype=np.int64).reshape(2, -1)
+        sizes = np.array(size, dtype=np.int64).reshape(-1)
+        stacked = np.concatenate((item, sizes[None, :]))
+        uniform = stacked.shape[1] > 0 and bool((stacked == stacked[:, :1]).all())
         return cls(
             _frozen(np.array(regions, dtype=np.int32).reshape(2, -1)),
-            _frozen(np.array(items, dtype=np.int64).reshape(2, -1)),
+            _frozen(item),
             _frozen(base),
-            _frozen(np.array(size, dtype=np.int64)),
+            _frozen(sizes),
             component,
             whole,
             bool(base.any()),
+            _frozen(stacked[:, :1].copy()) if uniform else None,
         )
 
     @property
@@ -79,20 +89,34 @@ class Tables:
     component: npt.NDArray[np.int16]
     row_group: npt.NDArray[np.intp]
     based: bool
+    scale: I64
+    """``items`` over ``size``: ``(3, rows)``, so one multiply by a per-row ``[src; dst; 1]`` index
+    gives both offsets and the size."""
+    index: I64
+    """``(3, groups)``: zeros over ones, the per-group index template a request's singles fill in."""
+    blocks: tuple[int, ...]
+    """Each group's block count (rows per index or run)."""
 
     @classmethod
     def build(cls, groups: Sequence[GroupTable]) -> Tables:
         counts = [g.blocks for g in groups]
         start = tuple(int(s) for s in np.cumsum([0, *counts])[:-1])
         comps = [np.full(g.blocks, g.component, dtype=np.int16) for g in groups]
+        items = np.concatenate([g.items for g in groups], axis=1)
+        size = np.concatenate([g.size for g in groups])
+        index = np.zeros((3, len(groups)), dtype=np.int64)
+        index[2] = 1
         return cls(
             tuple(groups),
             start,
             _frozen(np.concatenate([g.regions for g in groups], axis=1)),
-            _frozen(np.concatenate([g.items for g in groups], axis=1)),
+            _frozen(items),
             _frozen(np.concatenate([g.bases for g in groups], axis=1)),
-            _frozen(np.concatenate([g.size for g in groups])),
+            _frozen(size),
             _frozen(np.concatenate(comps)),
             _frozen(np.repeat(np.arange(len(groups), dtype=np.intp), counts)),
             any(g.based for g in groups),
+            _frozen(np.concatenate((items, size[None, :]))),
+            _frozen(index),
+            tuple(counts),
         )
