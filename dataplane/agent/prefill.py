@@ -280,6 +280,7 @@ class PrefillWorker(RoleWorker):
             pr: PrefillRoom | None = room.data
             if pr is None or not pr.pending:
                 continue
+            done = []
             for comp, (transfer, start, nbytes, writes) in list(pr.pending.items()):
                 state = self.transport.poll(transfer)
                 if state is TransferState.IN_PROGRESS:
@@ -289,10 +290,11 @@ class PrefillWorker(RoleWorker):
                 if state is TransferState.FAILED:
                     self.transfer_failed(room.key, transfer.error)
                     break
-                end = time.perf_counter()
-                self.account(comp, room.peer, nbytes, writes, end - start, start, end)
+                done.append((comp, nbytes, writes, start, time.perf_counter()))
             if not pr.pending and room.state != KVPoll.Failed:
                 self.finish(self.rooms.advance(room.key, KVPoll.Success), KVPoll.Success)
+            for comp, nbytes, writes, start, end in done:  # after the status frame: off decode's path
+                self.account(comp, room.peer, nbytes, writes, end - start, start, end)
         return running
 
     def transfer_failed(self, key: Any, error: TransferFailed | None) -> None:
@@ -309,11 +311,12 @@ class PrefillWorker(RoleWorker):
             for transfer, *_ in pr.pending.values():
                 self.transport.abort(transfer)
             pr.pending.clear()
-            with self.pool_lock:
-                self.release(pr.src)
         if notify:
             address = room.key[0]
             self.send_status(address, room.room, state, room.reason if state == KVPoll.Failed else "")
+        if pr is not None:
+            with self.pool_lock:
+                self.release(pr.src)
         self.count_outcome(room)
 
     def send_status(self, address: str, room: int, state: KVPoll, reason: str) -> None:

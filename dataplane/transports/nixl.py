@@ -56,6 +56,8 @@ class NixlPeer(Peer):
     descs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.uint64))
     mem: tuple[MemType, ...] = ()
     prepped: dict[tuple[MemType, int], Any] = field(default_factory=dict)
+    bases: dict[tuple[MemType, int], np.ndarray] = field(default_factory=dict)
+    """(kind, block) → first block index of each region in that prepared list (``blocks.layout``)."""
 
 
 @dataclass(eq=False)
@@ -88,6 +90,7 @@ class NixlTransport(Transport):
         self._descs = np.zeros((0, 3), dtype=np.uint64)
         self._mem: tuple[MemType, ...] = ()
         self._local_prepped: dict[tuple[MemType, int], Any] = {}
+        self._local_bases: dict[tuple[MemType, int], np.ndarray] = {}
         self._peers: list[NixlPeer] = []
 
     def endpoint(self) -> bytes:
@@ -141,12 +144,9 @@ class NixlTransport(Transport):
     def _start(self, peer: Peer, writes: Writes) -> NixlTransfer:
         assert isinstance(peer, NixlPeer)
         transfer = NixlTransfer(peer, len(writes), writes.nbytes)
-        lmem, rmem = np.array(self._mem), np.array(peer.mem)
-        pairs = set(zip(lmem[writes.local_region], rmem[writes.remote_region], strict=True))
         try:
-            for lm, rm in sorted(pairs):
-                sel = (lmem[writes.local_region] == lm) & (rmem[writes.remote_region] == rm)
-                transfer.handles.append(self._post(peer, writes.subset(sel), lm, rm))
+            for w, lm, rm in self._by_memory(peer, writes):
+                transfer.handles.append(self._post(peer, w, lm, rm))
         except PDPairError:
             self.abort(transfer)
             raise
@@ -154,6 +154,15 @@ class NixlTransport(Transport):
             self.abort(transfer)
             raise _mapped(exc, f"write to {peer.peer_id!r}") from exc
         return transfer
+
+    def _by_memory(self, peer: NixlPeer, writes: Writes) -> list[tuple[Writes, MemType, MemType]]:
+        """The batch cut by (local, remote) memory kind: one NIXL request per pair. Both sides of one
+        kind (the usual case) skip the per-write split, which dominated small requests' posting."""
+        if len(set(self._mem)) == 1 and len(set(peer.mem)) == 1:
+            return [(writes, self._mem[0], peer.mem[0])]
+        lmem, rmem = np.array(self._mem)[writes.local_region], np.array(peer.mem)[writes.remote_region]
+        pairs = sorted(set(zip(lmem.tolist(), rmem.tolist(), strict=True)))
+        return [(writes.subset((lmem == lm) & (rmem == rm)), lm, rm) for lm, rm in pairs]
 
     def _post(self, peer: NixlPeer, w: Writes, lm: MemType, rm: MemType) -> Any:
         g = blocks.block_size(w, self._local_sizes, peer.remote_sizes, self.prep_limit)
@@ -163,15 +172,12 @@ class NixlTransport(Transport):
             local, remote = self._agent.get_xfer_descs(local, lm), self._agent.get_xfer_descs(remote, rm)
             handle = self._agent.initialize_xfer("WRITE", local, remote, peer.agent_name)
         else:
-            lmask, rmask = np.array(self._mem) == lm, np.array(peer.mem) == rm
-            lside = self._prepped(self._local_prepped, "", self._descs, lmask, lm, g)
-            rside = self._prepped(peer.prepped, peer.agent_name, peer.descs, rmask, rm, g)
-            lidx = blocks.block_indices(
-                w.local_region, w.local_offset, w.size, blocks.layout(self._local_sizes, lmask, g), g
-            )
-            ridx = blocks.block_indices(
-                w.remote_region, w.remote_offset, w.size, blocks.layout(peer.remote_sizes, rmask, g), g
-            )
+            lside = self._prepped(self._local_prepped, "", self._descs, self._mem, lm, g)
+            rside = self._prepped(peer.prepped, peer.agent_name, peer.descs, peer.mem, rm, g)
+            lbase = _bases(self._local_bases, self._local_sizes, self._mem, lm, g)
+            rbase = _bases(peer.bases, peer.remote_sizes, peer.mem, rm, g)
+            lidx = blocks.block_indices(w.local_region, w.local_offset, w.size, lbase, g)
+            ridx = blocks.block_indices(w.remote_region, w.remote_offset, w.size, rbase, g)
             handle = self._agent.make_prepped_xfer("WRITE", lside, lidx, rside, ridx)
         if self._agent.transfer(handle) == "ERR":
             handle.release()
@@ -179,12 +185,12 @@ class NixlTransport(Transport):
         return handle
 
     def _prepped(
-        self, cache: dict[tuple[MemType, int], Any], agent: str, descs: np.ndarray, mask: np.ndarray,
-        kind: MemType, block: int,
+        self, cache: dict[tuple[MemType, int], Any], agent: str, descs: np.ndarray,
+        mem: tuple[MemType, ...], kind: MemType, block: int,
     ) -> Any:
         """The prepared list of ``kind`` regions cut in ``block``-byte blocks, made once and cached."""
         if (kind, block) not in cache:
-            rows = blocks.strided_rows(descs, mask, block)
+            rows = blocks.strided_rows(descs, np.array(mem) == kind, block)
             cache[kind, block] = self._agent.prep_xfer_dlist(agent, rows, kind)
         return cache[kind, block]
 
@@ -234,6 +240,16 @@ class NixlTransport(Transport):
         except Exception as exc:
             return exc
         return None
+
+
+def _bases(
+    cache: dict[tuple[MemType, int], np.ndarray], sizes: np.ndarray, mem: tuple[MemType, ...],
+    kind: MemType, block: int,
+) -> np.ndarray:
+    """``blocks.layout`` of one side's ``kind`` regions, computed once per (kind, block)."""
+    if (kind, block) not in cache:
+        cache[kind, block] = blocks.layout(sizes, np.array(mem) == kind, block)
+    return cache[kind, block]
 
 
 def _exact(descs: np.ndarray, region: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:

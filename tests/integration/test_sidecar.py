@@ -170,5 +170,7 @@ def test_agent_killed_engine_gets_clear_errors_and_reregisters(tmp_path, role):
         before = decode.count("verified")
         pair.start_agent(role).wait_ready(30)
         wait_for(lambda: decode.count("verified") >= before + 5, timeout=40, what="rooms verified again")
-        assert engine.report()["connections"] >= 2, "the client reconnected and re-registered its pools"
+        # The engine's report file is rewritten every 0.5 s: wait for it rather than read it once.
+        wait_for(lambda: engine.report()["connections"] >= 2, timeout=5,
+                 what="the client reconnected and re-registered its pools")
         assert decode.count("verification_failures") == 0
