@@ -86,4 +86,5 @@ def _summary(s: ComponentStats, span: float) -> dict[str, Any]:
         "p50_ms": float(np.percentile(lat, 50) * 1e3) if lat is not None else None,
         "p99_ms": float(np.percentile(lat, 99) * 1e3) if lat is not None else None,
         "samples": 0 if lat is None else len(lat),
+        "in_flight_seconds": float(lat.sum()) if lat is not None else 0.0,
     }
