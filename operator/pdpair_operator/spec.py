@@ -21,7 +21,7 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "PDPair"
 PLURAL = "pdpairs"
-PROFILES = ("qwen3-next", "deepseek-v3.2", "gpt-oss", "pure-kv")
+PROFILES = ("qwen3-next", "deepseek-v3.2", "gpt-oss", "pure-kv", "minimax-m2")
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 

@@ -63,6 +63,12 @@ def test_profile_enum_matches_the_operator() -> None:
     assert tuple(enum) == PROFILES
 
 
+def test_operator_profiles_are_the_agents_profiles() -> None:
+    from dataplane.schema.profiles import profile_names
+
+    assert set(PROFILES) == set(profile_names())
+
+
 def test_crd_defaults_agree_with_the_typed_spec() -> None:
     minimal = {"model": {"name": "m", "profile": "pure-kv"}, "image": "i",
                "transfer": {"mori": {}, "nixl": {}},
