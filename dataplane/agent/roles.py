@@ -11,6 +11,7 @@ spinning on the GIL.
 
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 import time
@@ -64,7 +65,7 @@ def refusal_reason_label(reason: str) -> str:
     return reason_label(reason)
 
 
-class RoleWorker:
+class RoleWorker(abc.ABC):
     role = "agent"
 
     def __init__(
@@ -104,7 +105,7 @@ class RoleWorker:
         """Guards the allocators when a role fills sources on another thread (prefill's engine)."""
         self.setup()
 
-    def setup(self) -> None:
+    def setup(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Role-specific state (subclasses)."""
 
     # ---- the loop -------------------------------------------------------------------------
@@ -156,11 +157,13 @@ class RoleWorker:
             log.exception("%s: error handling a control message", self.role)
             self.metrics.record_engine_error("internal")
 
+    @abc.abstractmethod
     def on_sglang(self, frames: list[bytes]) -> None:
-        raise NotImplementedError
+        """Handle one sglang-format message (registration, metadata or status)."""
 
+    @abc.abstractmethod
     def on_control(self, frames: list[bytes]) -> None:
-        raise NotImplementedError
+        """Handle one of our tagged control messages (hello, refusal, heartbeat, abort)."""
 
     def poll_transfers(self) -> int:
         return 0
@@ -168,10 +171,11 @@ class RoleWorker:
     def on_expired(self, room: Room) -> None:
         self.finish(room, KVPoll.Failed)
 
+    @abc.abstractmethod
     def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
-        raise NotImplementedError
+        """Move a room to a terminal state, tell the peer when ``notify``, and free what it held."""
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> None:  # noqa: B027 - an optional hook, not abstract
         """Periodic work: heartbeats, request generation (subclasses)."""
 
     def shutdown(self) -> None:

@@ -16,6 +16,7 @@ prefill may still write late, as in sglang). Every state change is reported thro
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
 from collections import OrderedDict, deque
@@ -60,8 +61,9 @@ class _LinkMixin:
                 log.warning("engine request for room %s failed: %s", room, exc)
                 self.link.report(room, KVPoll.Failed, str(exc))
 
+    @abc.abstractmethod
     def on_command(self, cmd: Command, now: float) -> None:
-        raise NotImplementedError
+        """Act on one engine request (send / expect / abort) on the worker thread."""
 
     def detach(self, cmd: DetachCmd) -> None:
         w: Any = self

@@ -171,7 +171,9 @@ class IOEngine:
 
     def create_backend(self, kind: BackendType, config: RdmaBackendConfig | None = None) -> None:
         if kind is not BackendType.RDMA:
-            raise NotImplementedError("backend not implemented yet")
+            raise RuntimeError(
+                f"mori 1.2.4 implements only the RDMA backend; {kind.name} is an unimplemented enum"
+            )
         self.backends[kind] = config or RdmaBackendConfig()
 
     def register_memory(self, ptr: int, size: int, device_id: int, loc: MemoryLocationType) -> MemoryDesc:
