@@ -50,18 +50,12 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
     """The agent's settings for one role of one generation (listen host and pod name come from flags)."""
     spec, ac = owner.spec, agent_config
     model = spec.model
-    components = [
-        ac.ComponentConfig(c.name, c.state_type, list(c.item_lens), c.num_items, list(c.tp_dims),
-                           list(c.layer_ids), c.dtype)
-        for c in model.components
-    ]
-    mori, nixl = spec.transfer.mori, spec.transfer.nixl
     return ac.AgentConfig(
         role=role,
         model=ac.ModelConfig(
             name=model.name, profile=model.profile, page_size=model.page_size, dtype=model.dtype,
             pool_pages=model.pool_pages, max_requests=model.max_requests, kv_item_len=model.kv_item_len,
-            kv_layers=model.kv_layers, components=components,
+            kv_layers=model.kv_layers, components=list(model.components),
         ),
         prefill=ac.RoleConfig(spec.prefill.replicas, spec.prefill.tensor_parallel_size),
         decode=ac.RoleConfig(spec.decode.replicas, spec.decode.tensor_parallel_size),
@@ -71,10 +65,8 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
             heartbeat_interval_seconds=spec.transfer.heartbeat_interval_seconds,
             heartbeat_misses=spec.transfer.heartbeat_misses,
             device=spec.transfer.device,
-            mori=ac.MoriConfig(list(mori.rdma_devices), mori.qp_per_transfer, mori.post_batch_size,
-                               mori.num_worker_threads, mori.poll_cq_mode),
-            nixl=ac.NixlConfig(backends=tuple(nixl.backends), ucx_tls=nixl.ucx_tls,
-                               ucx_net_devices=nixl.ucx_net_devices),
+            mori=spec.transfer.mori,
+            nixl=spec.transfer.nixl,
         ),
         listen=ac.ListenConfig(bootstrap_port=spec.ports.bootstrap, metrics_port=spec.ports.metrics),
         peer=ac.PeerConfig(

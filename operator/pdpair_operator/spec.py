@@ -16,6 +16,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from dataplane.config import ComponentConfig as Component
+from dataplane.config import MoriConfig as Mori
+from dataplane.config import NixlConfig as Nixl
+
 GROUP = "pdpair.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -24,20 +28,12 @@ PLURAL = "pdpairs"
 PROFILES = ("qwen3-next", "deepseek-v3.2", "gpt-oss", "pure-kv", "minimax-m2")
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
+# Explicit components and the engines' settings are the agent's own config types, so the CRD's fields,
+# the operator's view and the rendered agent config cannot drift apart.
 
 
 class _Spec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
     pass
-
-
-class Component(_Spec, frozen=True):
-    name: str
-    state_type: str
-    item_lens: list[int]
-    num_items: int
-    tp_dims: list[int] = []
-    layer_ids: list[int] = []
-    dtype: str = "bfloat16"
 
 
 class Model(_Spec, frozen=True):
@@ -50,20 +46,6 @@ class Model(_Spec, frozen=True):
     max_requests: int = 64
     kv_item_len: int | None = None
     kv_layers: int = 0
-
-
-class Mori(_Spec, frozen=True):
-    rdma_devices: list[str] = []
-    qp_per_transfer: int = 1
-    post_batch_size: int = -1
-    num_worker_threads: int = 1
-    poll_cq_mode: Literal["polling", "event"] = "polling"
-
-
-class Nixl(_Spec, frozen=True):
-    backends: list[str] = msgspec.field(default_factory=lambda: ["UCX"])
-    ucx_tls: str | None = None
-    ucx_net_devices: str | None = None
 
 
 class Transfer(_Spec, frozen=True):
