@@ -119,3 +119,24 @@ def loopback_pair(
     prefill = [msgspec.structs.replace(roles, role="prefill", tp_rank=r) for r in range(prefill_tp)]
     decode = [msgspec.structs.replace(roles, role="decode", tp_rank=r) for r in range(decode_tp)]
     return prefill, decode
+
+
+def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-run-") -> dict[str, Any]:
+    """Run one loopback prefill/decode pair until decode has completed ``cfg.synthetic.requests``
+    rooms (or ``timeout``), stop both, and return decode's final ``/status``."""
+    import tempfile
+
+    (p_cfg,), (d_cfg,) = loopback_pair(cfg)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        prefill = AgentProcess(p_cfg, Path(tmp), "prefill")
+        decode = AgentProcess(d_cfg, Path(tmp), "decode")
+        try:
+            prefill.wait_ready()
+            decode.wait_ready()
+            deadline, want = time.monotonic() + timeout, cfg.synthetic.requests
+            while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
+                time.sleep(0.05)
+            return decode.status()
+        finally:
+            decode.stop()
+            prefill.stop()

@@ -24,16 +24,14 @@ import logging
 import multiprocessing as mp
 import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from .. import planner
-from ..agent.launch import AgentProcess, loopback_pair
+from ..agent.launch import run_pair
 from ..agent.pools import MemoryPools
 from ..agent.synthetic import items_for_tokens
 from ..errors import PDPairError
@@ -114,20 +112,7 @@ def agent_run(cfg: Any, tries: int = 3) -> dict[str, float]:
 
 
 def _agent_pair(cfg: Any) -> dict[str, float]:
-    (p_cfg,), (d_cfg,) = loopback_pair(cfg)
-    with tempfile.TemporaryDirectory(prefix="pdpair-bench-") as tmp:
-        prefill = AgentProcess(p_cfg, Path(tmp), "prefill")
-        decode = AgentProcess(d_cfg, Path(tmp), "decode")
-        try:
-            prefill.wait_ready()
-            decode.wait_ready()
-            deadline, want = time.monotonic() + 300, cfg.synthetic.requests
-            while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
-                time.sleep(0.05)
-            st = decode.status()
-        finally:
-            decode.stop()
-            prefill.stop()
+    st = run_pair(cfg, prefix="pdpair-bench-")
     total = sum(c["bytes"] for c in st["components"].values())
     window = st["transfer_window_seconds"]
     p50 = st["components"]["kv"]["p50_ms"] * 1e3

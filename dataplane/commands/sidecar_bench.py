@@ -64,23 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
 def direct_run(cfg: Any) -> dict[str, Any]:
     """The agent with its in-process engine: decode's bytes over its transfer window."""
-    import time
+    from ..agent.launch import run_pair
 
-    from ..agent.launch import AgentProcess, loopback_pair
-
-    (p_cfg,), (d_cfg,) = loopback_pair(cfg)
-    with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-direct-") as tmp:
-        prefill, decode = AgentProcess(p_cfg, Path(tmp), "prefill"), AgentProcess(d_cfg, Path(tmp), "decode")
-        try:
-            prefill.wait_ready()
-            decode.wait_ready()
-            deadline, want = time.monotonic() + 300, cfg.synthetic.requests
-            while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
-                time.sleep(0.05)
-            st = decode.status()
-        finally:
-            decode.stop()
-            prefill.stop()
+    st = run_pair(cfg, prefix="pdpair-sidecar-bench-direct-")
     total = sum(c["bytes"] for c in st["components"].values())
     window, n = st["transfer_window_seconds"], max(1, st["requests"]["succeeded"])
     return {"bytes": total, "gbps": total / window / 1e9 if window else 0.0, "us": window / n * 1e6}
