@@ -373,20 +373,9 @@ class Ctx:
         return out
 
     def _events(self, fn: Callable[[], Any], nbytes: int, name: str) -> dict[str, Any]:
-        import torch
+        from bench.gpu_kernels import timed  # imports torch: only where the GPU cases run
 
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        med = statistics.median(times)
+        med = timed(fn)
         print(f"  {self.case.name:22s} {name:10s} {nbytes / med / 1e9:9.1f} GB/s  {med * 1e6:10.1f} us",
               flush=True)
         return {"gbps": nbytes / med / 1e9, "median_us": med * 1e6}
