@@ -25,6 +25,14 @@ from ..errors import PDPairError
 from .http import get_json
 
 
+def tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` of a process log, for error messages ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -78,10 +86,7 @@ class AgentProcess:
         return dict(get_json(self.url + "/status", timeout=timeout))
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return tail(self.log_path, lines)
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:

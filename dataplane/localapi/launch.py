@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ..agent.launch import AgentProcess, loopback_pair
+from ..agent.launch import AgentProcess, loopback_pair, tail
 from ..config import AgentConfig, EngineConfig, LocalApiConfig
 from ..errors import PDPairError
 
@@ -55,10 +55,7 @@ class EngineProcess:
         return int(self.report()["counts"].get(key, 0))
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return tail(self.log_path, lines)
 
     def wait(self, timeout: float) -> int:
         try:

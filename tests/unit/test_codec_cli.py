@@ -3,7 +3,6 @@ once through the installed console script."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import subprocess
@@ -80,12 +79,6 @@ def test_bad_input_exits_2_with_a_message(wire_only: None, monkeypatch, capsys, 
     assert needle in err and "Traceback" not in err
 
 
-def _all_command_modules_exist() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in dataplane.cli.COMMAND_MODULES)
-
-
-@pytest.mark.skipif(not _all_command_modules_exist(),
-                    reason="the console script builds every command group; some are not written yet")
 def test_console_script_round_trip() -> None:
     case = next(c for c in VECTORS["transfer_metadata"] if c["name"] == "hybrid-mamba")
     exe = REPO / ".venv" / "bin" / "pdpair-agent"
