@@ -174,7 +174,7 @@ class Cluster:
         binaries: Path | None = None,
         nodes: int = 3,
         detached: bool = False,
-        amd_nodes: int = 2,
+        amd_nodes: int = 4,
     ) -> None:
         """``nodes`` NVIDIA and ``amd_nodes`` AMD kwok nodes; ``detached``: components outlive this
         process (``python -m devcluster up``)."""
