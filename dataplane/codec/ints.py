@@ -14,6 +14,7 @@ finds the offending element for the error message. Arrays already in the wire dt
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ _U32 = struct.Struct("<I")
 _ONE_LIST = struct.Struct("<II")
 """The header of a ``pack_int_lists`` buffer holding one list (a request's state indices, usually)."""
 _INT_ONLY = {int}
+_LITTLE = sys.byteorder == "little"
 
 
 def _struct(fmt: str, n: int) -> struct.Struct:
@@ -106,11 +108,20 @@ def unpack_array(buf: bytes, fmt: IntFormat, *, what: str = "array") -> npt.NDAr
     dtype = _dtype(fmt)
     if len(buf) % 4:
         raise WireFormatError(f"{what}: {len(buf)} bytes is not a multiple of 4")
-    return np.frombuffer(buf, dtype=dtype).astype(_NATIVE_DTYPE[fmt])
+    return _owned(buf, dtype, fmt)
 
 
-def pack_int_lists(lists: Sequence[Sequence[int] | npt.NDArray[Any]], fmt: IntFormat, *,
-                   what: str = "int lists") -> bytes:
+def _owned(buf: bytes, dtype: np.dtype[Any], fmt: str) -> npt.NDArray[Any]:
+    """A writeable native array of ``buf``'s values: on a little-endian host the wire dtype is
+    native, so a ``bytearray`` copy read in place costs less than ``frombuffer(...).astype``."""
+    if _LITTLE:
+        return np.frombuffer(bytearray(buf), dtype)
+    return np.frombuffer(buf, dtype).astype(_NATIVE_DTYPE[fmt])
+
+
+def pack_int_lists(
+    lists: Sequence[Sequence[int] | npt.NDArray[Any]], fmt: IntFormat, *, what: str = "int lists"
+) -> bytes:
     """sglang's ``pack_int_lists``: header of counts and byte lengths, then each list's bytes."""
     _dtype(fmt)
     n = len(lists)
@@ -130,8 +141,11 @@ def _list_spans(buf: bytes, what: str) -> list[tuple[int, int]]:
         raise WireFormatError(
             f"{what}: header says {n} lists, needing {body_start} header bytes, but the buffer has {len(buf)}"
         )
-    lens = _struct("I", n).unpack_from(buf, 4) if n <= _SHORT else np.frombuffer(
-        buf, dtype="<u4", count=n, offset=4).tolist()
+    lens = (
+        _struct("I", n).unpack_from(buf, 4)
+        if n <= _SHORT
+        else np.frombuffer(buf, dtype="<u4", count=n, offset=4).tolist()
+    )
     for i, ln in enumerate(lens):
         if ln % 4:
             raise WireFormatError(f"{what}: list {i} byte length {ln} is not a multiple of 4")
@@ -156,7 +170,7 @@ def unpack_int_lists(buf: bytes, fmt: IntFormat, *, what: str = "int lists") -> 
     if len(buf) >= 8:
         n, byte_len = _ONE_LIST.unpack_from(buf)
         if n == 1 and byte_len == len(buf) - 8 and not byte_len % 4:
-            return [np.frombuffer(buf, dtype=dtype, offset=8).astype(native)]
+            return [_owned(buf[8:], dtype, fmt)]
     return [
         np.frombuffer(buf, dtype=dtype, count=ln >> 2, offset=off).astype(native)
         for off, ln in _list_spans(buf, what)

@@ -101,7 +101,7 @@ def decode_manifest(frame: bytes) -> Manifest:
             f"manifest: framing version {version} not supported (this agent speaks {MANIFEST_VERSION})"
         )
     try:
-        m = _DECODER.decode(frame[len(_PREFIX):])
+        m = _DECODER.decode(frame[len(_PREFIX) :])
     except msgspec.MsgspecError as exc:
         raise WireFormatError(f"manifest: {exc}") from None
     return _validate(m)

@@ -14,6 +14,7 @@ frame 7 is read as one raw ``<i4`` array, i.e. a single component.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import WireFormatError
-from .frames import GUARD, check_frames, int_frame, parse_int, parse_str, str_frame
+from .frames import GUARD, U64_MAX, check_frames, int_frame, parse_int, parse_str, str_frame
 from .ints import pack_array, pack_int_lists, unpack_array, unpack_int_lists
 
 MIN_METADATA_FRAMES = 7
@@ -51,6 +52,7 @@ class TransferMetadata(msgspec.Struct, frozen=True, kw_only=True, eq=False):
 
 _NO_STATE = np.empty(0, dtype=np.int32)
 _WIRE_I32 = np.dtype("<i4")
+_LITTLE = sys.byteorder == "little"
 _ONE_LIST = struct.Struct("<II")
 """``pack_int_lists`` header of a single list: the common one-component state frame skips the generic
 packer (an int32 array needs no range check)."""
@@ -68,6 +70,12 @@ def _flat(entry: Any | None) -> Any:
     return np.asarray(entry).ravel()
 
 
+def _kv_frame(kv: Any) -> bytes:
+    if type(kv) is np.ndarray and kv.ndim == 1 and kv.dtype == _WIRE_I32:
+        return kv.tobytes()
+    return pack_array(kv, "i", what="dst_kv_indices")
+
+
 def _state_frame(state: Sequence[Any | None]) -> bytes:
     if len(state) == 1:
         one = state[0]
@@ -82,17 +90,36 @@ def encode_metadata(msg: TransferMetadata) -> list[bytes]:
     aux = msg.dst_aux_index
     if not isinstance(aux, int) or isinstance(aux, bool) or aux < -1:
         raise WireFormatError(f"dst_aux_index: {aux!r} is not an index or -1")
-    prefix = msg.decode_prefix_len
+    room, port, required, prefix = msg.room, msg.dst_port, msg.required_dst_info_num, msg.decode_prefix_len
+    if (
+        type(room) is int
+        and type(port) is int
+        and type(required) is int
+        and 0 <= room <= U64_MAX
+        and 0 <= port <= 65535
+        and 1 <= required <= I32_MAX
+        and aux <= I32_MAX
+    ):
+        head = b"%d" % room, b"%d" % port, b"%d" % required, b"%d" % aux
+    else:
+        head = (
+            int_frame(room, field="room"),
+            int_frame(port, field="dst_port", hi=65535),
+            int_frame(required, field="required_dst_info_num", lo=1, hi=I32_MAX),
+            b"" if dummy or aux < 0 else int_frame(aux, field="dst_aux_index", hi=I32_MAX),
+        )
+    ep, key, kv = msg.endpoint, msg.engine_key, msg.dst_kv_indices
+    plain = type(ep) is str and type(key) is str and ep.isascii() and key.isascii()
     return [
         GUARD,
-        int_frame(msg.room, field="room"),
-        str_frame(msg.endpoint, field="endpoint"),
-        int_frame(msg.dst_port, field="dst_port", hi=65535),
-        str_frame(msg.engine_key, field="engine_key"),
-        b"" if dummy else pack_array(msg.dst_kv_indices, "i", what="dst_kv_indices"),
-        b"" if dummy or aux < 0 else int_frame(aux, field="dst_aux_index", hi=I32_MAX),
+        head[0],
+        ep.encode("ascii") if plain and ep.isprintable() else str_frame(ep, field="endpoint"),
+        head[1],
+        key.encode("ascii") if plain and key.isprintable() else str_frame(key, field="engine_key"),
+        b"" if dummy else _kv_frame(kv),
+        b"" if dummy or aux < 0 else head[3],
         b"" if dummy else _state_frame(msg.dst_state_indices),
-        int_frame(msg.required_dst_info_num, field="required_dst_info_num", lo=1, hi=I32_MAX),
+        head[2],
         b"" if not prefix else int_frame(prefix, field="decode_prefix_len"),
     ]
 
@@ -107,6 +134,10 @@ def _state(frame: bytes, *, legacy_flat_state: bool) -> tuple[IndexArray, ...]:
 def decode_metadata(frames: Sequence[bytes], *, legacy_flat_state: bool = False) -> TransferMetadata:
     """Parse untrusted frames; raises ``WireFormatError`` only."""
     f = check_frames(frames, kind="metadata", min_frames=MIN_METADATA_FRAMES)
+    if not legacy_flat_state:
+        plain = _decode_plain(f)
+        if plain is not None:
+            return plain
     if f[1] == b"None":
         raise WireFormatError("metadata: frame 1 is b'None', which marks a registration message")
     kv = unpack_array(f[5], "i", what="dst_kv_indices")
@@ -125,4 +156,42 @@ def decode_metadata(frames: Sequence[bytes], *, legacy_flat_state: bool = False)
         ),
         is_dummy=kv.size == 0 and aux < 0 and not prefix,
         decode_prefix_len=prefix,
+    )
+
+
+def _decode_plain(f: list[bytes]) -> TransferMetadata | None:
+    """The common message (an aux index, no or one state list, no decode prefix, plain fields) in one
+    pass, with the same checks as the general path, inline; ``None`` for anything else, which the
+    general path then parses or rejects with the field's error. Digit strings of at most 19 (9) digits
+    are below 2**64 (2**31) whatever their digits, so only the port and the count need a range check."""
+    if len(f) < 9 or not _LITTLE:
+        return None
+    room, ep, port, key, kv, aux, state, required = f[1:9]
+    n = len(state)
+    if (
+        (len(f) > 9 and f[9])
+        or len(kv) % 4
+        or (n and (n < 8 or n % 4 or _ONE_LIST.unpack_from(state) != (1, n - 8)))
+        or not (room.isdigit() and len(room) <= 19 and aux.isdigit() and len(aux) <= 9)
+        or not (port.isdigit() and len(port) <= 5 and required.isdigit() and len(required) <= 9)
+        or not (ep.isascii() and key.isascii())
+    ):
+        return None
+    endpoint, engine_key, port_n, required_n = (
+        ep.decode("ascii"),
+        key.decode("ascii"),
+        int(port),
+        int(required),
+    )
+    if port_n > 65535 or required_n < 1 or not (endpoint.isprintable() and engine_key.isprintable()):
+        return None
+    return TransferMetadata(
+        room=int(room),
+        endpoint=endpoint,
+        dst_port=port_n,
+        engine_key=engine_key,
+        dst_kv_indices=np.frombuffer(bytearray(kv), _WIRE_I32),
+        dst_aux_index=int(aux),
+        dst_state_indices=(np.frombuffer(bytearray(state[8:]), _WIRE_I32),) if n else (),
+        required_dst_info_num=required_n,
     )

@@ -119,7 +119,8 @@ def _item_lens(
         if ptp == dtp or not info.tp_sliceable:
             if pl != dl:
                 cond = (
-                    f"equal TP sizes ({ptp})" if ptp == dtp
+                    f"equal TP sizes ({ptp})"
+                    if ptp == dtp
                     else f"TP {ptp} vs {dtp} ({p.state_type} is not TP-sliced)"
                 )
                 reasons.append(f"{where}: {p.state_type} item length {pl} vs {dl} with {cond}")

@@ -1,7 +1,8 @@
 """The transfer planner: schema + peer layout + one request's indices → a ``WritePlan``. Pure, no I/O.
 
 Rules per state type come from the schema registry (``SendRule``) and are dispatched through one table
-(``RULES``); the contiguous grouping and TP slicing match sglang 0.5.23 byte for byte.
+(``RULES``); the contiguous grouping and TP slicing match sglang 0.5.23 byte for byte. The common request
+shape (paged KV, one slot per component) is planned in one pass by ``shape.CommonShape``.
 """
 
 from .layout import PeerComponent, PeerLayout, PeerRegion, RequestIndices

@@ -82,7 +82,7 @@ class Builder:
             if k == len(singles) or singles[k][0] != singles[k - 1][0] + 1:
                 _fill_singles(i64, i32, i16, self.tables, singles[first:k])
                 first = k
-        return WritePlan(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
+        return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
 
 
 def assemble(tables: Tables, parts: Sequence[Part]) -> WritePlan:

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from ..errors import PlanError
 from ..schema import AUX_COMPONENT, KV_COMPONENT, Component, RoleSchema, SendRule
 from .layout import PeerComponent, PeerLayout
+from .shape import CommonShape
 from .slicing import Block, slice_byte_blocks
 from .tables import GroupTable, Tables
 
@@ -160,10 +161,14 @@ class Pairing:
     remote_sizes: I64
     tables: Tables = field(init=False, repr=False)
     """Every group's table in canonical order: KV, aux, then the components."""
+    common: CommonShape | None = field(init=False, repr=False)
+    """The one-pass tables for the common request shape, when this pairing can take it."""
 
     def __post_init__(self) -> None:
         groups = (self.kv, self.aux, *self.components)
-        object.__setattr__(self, "tables", Tables.build([g.table for g in groups]))
+        tables = Tables.build([g.table for g in groups])
+        object.__setattr__(self, "tables", tables)
+        object.__setattr__(self, "common", CommonShape.build(self.kv, groups[1:], tables))
 
     @classmethod
     def build(cls, local: RoleSchema, peer: PeerLayout) -> Pairing:

@@ -84,8 +84,18 @@ class WritePlan:
         size: npt.NDArray[np.int64],
         component: npt.NDArray[np.int16],
     ) -> WritePlan:
-        """The planner's own, correctly typed arrays (kept as a named entry point for readers)."""
-        return cls(local_region, local_offset, remote_region, remote_offset, size, component)
+        """The planner's own, correctly typed arrays, without the dataclass ``__init__`` (its six
+        frozen-field assignments cost about as much as a numpy call on the per-request path)."""
+        plan = object.__new__(cls)
+        plan.__dict__.update(
+            local_region=local_region,
+            local_offset=local_offset,
+            remote_region=remote_region,
+            remote_offset=remote_offset,
+            size=size,
+            component=component,
+        )
+        return plan
 
     @classmethod
     def empty(cls) -> WritePlan:

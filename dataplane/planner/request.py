@@ -4,7 +4,8 @@ Request-independent work (pairing buffers by layer, item-length and TP checks, s
 once per (local schema, peer layout) and cached by identity; ``pairing_for`` exposes it so the agent
 can hold one per peer. Writes stay inside both sides' registered regions by construction: ``Pairing``
 checks every block against its item once, and each request's indices are checked against the item
-counts (see ``TensorGroup``).
+counts (see ``TensorGroup``). The common request shape takes a one-pass path (``shape.CommonShape``)
+with the same checks; everything else, errors included, goes through ``plan_parts``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .pairing import Pairing, TensorGroup
 from .plan import WritePlan
 from .rules import checked, checked_runs
 
-__all__ = ["pairing_for", "plan_request"]
+__all__ = ["pairing_for", "plan_parts", "plan_request"]
 
 _CACHE: dict[tuple[int, int], Pairing] = {}
 _CACHE_LIMIT = 64
@@ -45,9 +46,19 @@ def plan_request(
     """Every write that moves this request's state from this (prefill) rank to ``peer``.
 
     Components with no index on either side are skipped (as sglang does); an all-empty request gives
-    an empty plan, which the caller completes at once.
+    an empty plan, which the caller completes at once. A request of the pairing's common shape is
+    planned in one pass (``CommonShape``); anything else, and any error, by ``plan_parts``.
     """
     pr = pairing or pairing_for(local, peer)
+    if pr.common is not None:
+        plan = pr.common.plan(req)
+        if plan is not None:
+            return plan
+    return plan_parts(pr, req)
+
+
+def plan_parts(pr: Pairing, req: RequestIndices) -> WritePlan:
+    """The general path: each part checked by its rule, then every row written by ``Builder``."""
     out = Builder(pr.tables)
     if (req.src_kv.size or req.dst_kv.size) and len(pr.kv):
         _add(out, 0, pr.kv, req.src_kv, req.dst_kv)

@@ -20,6 +20,7 @@ __all__ = [
     "group_concurrent_contiguous",
     "interleaved",
     "paired_runs",
+    "word_edges",
     "word_runs",
 ]
 
@@ -77,8 +78,9 @@ def interleaved(src: npt.NDArray[np.int32], dst: npt.NDArray[np.int32]) -> npt.N
     return buf
 
 
-def word_runs(buf: npt.NDArray[np.int32]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.intp]]:
-    """``(starts, lengths)`` of the runs of an ``interleaved`` pair: ``starts`` is ``(runs, 2)``.
+def word_edges(buf: npt.NDArray[np.int32]) -> npt.NDArray[np.intp]:
+    """Run boundaries of an ``interleaved`` pair: ``edges[k]`` is run ``k``'s first row and
+    ``edges[-1] == len(buf)``, so run ``k`` is ``buf[edges[k]:edges[k + 1]]``.
 
     Only for indices already checked to lie in ``0 <= i < 2**31``. Then a word is ``hi * 2**32 + lo``
     with both lanes non-negative, and a word step of ``2**32 + 1`` means ``(hi step - 1) * 2**32 ==
@@ -88,6 +90,12 @@ def word_runs(buf: npt.NDArray[np.int32]) -> tuple[npt.NDArray[np.int32], npt.ND
     bounds = np.empty(n + 1, dtype=np.bool_)
     bounds[0] = bounds[n] = True
     np.not_equal(words[1:] - words[:-1], _BOTH_STEP, out=bounds[1:n])
-    edges = bounds.nonzero()[0]
+    return bounds.nonzero()[0]
+
+
+def word_runs(buf: npt.NDArray[np.int32]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.intp]]:
+    """``(starts, lengths)`` of the runs of an ``interleaved`` pair (see ``word_edges``): ``starts``
+    is ``(runs, 2)``, the rows that start each run."""
+    edges = word_edges(buf)
     starts = edges[:-1]
-    return words[starts].view(np.int32).reshape(-1, 2), edges[1:] - starts
+    return buf.take(starts, axis=0), edges[1:] - starts

@@ -30,8 +30,9 @@ def wire_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dataplane.cli, "COMMAND_MODULES", ("dataplane.commands.wire",))
 
 
-def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str],
-            stdin: Any) -> tuple[int, Any, str]:
+def run_cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], stdin: Any
+) -> tuple[int, Any, str]:
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(stdin)))
     rc = dataplane.cli.main(argv)
     out, err = capsys.readouterr()
@@ -50,11 +51,16 @@ def test_encode_then_decode_matches_vectors(wire_only: None, monkeypatch, capsys
 
 def test_registration_with_manifest_prints_it_as_an_object(wire_only: None, monkeypatch, capsys) -> None:
     case = next(c for c in VECTORS["registration"] if c["name"] == "kv-only")
-    schema = RoleSchema(model="m", tp_size=2, tp_rank=1,
-                        kv=KVSpec(item_len=4096, num_pages=8, layer_ids=(0, 1, 2, 3)))
+    schema = RoleSchema(
+        model="m", tp_size=2, tp_rank=1, kv=KVSpec(item_len=4096, num_pages=8, layer_ids=(0, 1, 2, 3))
+    )
     manifest = json.loads(msgspec.json.encode(manifest_from_schema(schema, role="decode", generation="g7")))
-    rc, out, _ = run_cli(monkeypatch, capsys, ["wire", "encode", "--kind", "registration"],
-                         {**case["inputs"], "manifest": manifest})
+    rc, out, _ = run_cli(
+        monkeypatch,
+        capsys,
+        ["wire", "encode", "--kind", "registration"],
+        {**case["inputs"], "manifest": manifest},
+    )
     assert rc == 0 and len(out["frames_hex"]) == 19
     rc, decoded, _ = run_cli(monkeypatch, capsys, ["wire", "decode", "--kind", "registration"], out)
     assert decoded["manifest"] == manifest and decoded["plain_sglang_peer"] is False
@@ -68,9 +74,11 @@ def test_registration_with_manifest_prints_it_as_an_object(wire_only: None, monk
         (["wire", "decode", "--kind", "registration"], {"frames_hex": []}, "guard"),
         (["wire", "decode", "--kind", "metadata"], {"frames": []}, "frames_hex"),
         (["wire", "encode", "--kind", "metadata"], {"room": "x"}, "stdin"),
-        (["wire", "encode", "--kind", "metadata"],
-         {"room": 1, "local_ip": "h", "rank_port": 1, "engine_key": "k", "kv_indices": [2**40]},
-         "dst_kv_indices: position 0"),
+        (
+            ["wire", "encode", "--kind", "metadata"],
+            {"room": 1, "local_ip": "h", "rank_port": 1, "engine_key": "k", "kv_indices": [2**40]},
+            "dst_kv_indices: position 0",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_message(wire_only: None, monkeypatch, capsys, argv, stdin, needle) -> None:
@@ -82,10 +90,22 @@ def test_bad_input_exits_2_with_a_message(wire_only: None, monkeypatch, capsys, 
 def test_console_script_round_trip() -> None:
     case = next(c for c in VECTORS["transfer_metadata"] if c["name"] == "hybrid-mamba")
     exe = REPO / ".venv" / "bin" / "pdpair-agent"
-    enc = subprocess.run([str(exe), "wire", "encode", "--kind", "metadata"], input=json.dumps(case["inputs"]),
-                         capture_output=True, text=True, timeout=60, check=True)
-    dec = subprocess.run([str(exe), "wire", "decode", "--kind", "metadata"], input=enc.stdout,
-                         capture_output=True, text=True, timeout=60, check=True)
+    enc = subprocess.run(
+        [str(exe), "wire", "encode", "--kind", "metadata"],
+        input=json.dumps(case["inputs"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    dec = subprocess.run(
+        [str(exe), "wire", "decode", "--kind", "metadata"],
+        input=enc.stdout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     decoded = json.loads(dec.stdout)
     assert json.loads(enc.stdout)["frames_hex"] == case["frames_hex"]
     assert {k: decoded[k] for k in case["parsed_by_sglang"]} == case["parsed_by_sglang"]

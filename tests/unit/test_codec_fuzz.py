@@ -34,7 +34,12 @@ from dataplane.errors import BadInput
 
 _HYBRID = next(c for c in VECTORS["registration"] if c["name"] == "hybrid-mamba")
 _MANIFEST = Manifest(
-    role="decode", model="m", tp_size=2, tp_rank=1, page_size=64, kv=KVSummary(4096, "bfloat16", "mha", 2),
+    role="decode",
+    model="m",
+    tp_size=2,
+    tp_rank=1,
+    page_size=64,
+    kv=KVSummary(4096, "bfloat16", "mha", 2),
     components=(
         ComponentSummary("mamba", "mamba", "bfloat16", (6144, 1048576, 6144, 1048576), (3072, 16) * 2, 8),
     ),
@@ -43,9 +48,11 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 SEEDS = (
     [frames_of(c) for c in VECTORS["registration"]]
     + [frames_of(c) for c in VECTORS["transfer_metadata"]]
-    + [encode_registration(
-        msgspec.structs.replace(registration_from_inputs(_HYBRID["inputs"]), manifest=_MANIFEST)
-    )]
+    + [
+        encode_registration(
+            msgspec.structs.replace(registration_from_inputs(_HYBRID["inputs"]), manifest=_MANIFEST)
+        )
+    ]
     + [encode_status(StatusMessage(room=3, status=KVPoll.Failed, prefill_rank=1, failure_reason="x"))]
 )
 DECODERS: list[Callable[[Sequence[bytes]], Any]] = [
@@ -110,9 +117,17 @@ def test_unpack_int_lists_only_raises_bad_input(buf: bytes, fmt: str) -> None:
 CONTROL_SEEDS = [
     encode_control(Hello(agent_id="a", role="decode", manifest=b"PDPM")),
     encode_control(Abort(room=1, reason="r")),
-    b"PDPM\x01" + msgspec.msgpack.encode({"role": "decode", "model": "m", "tp_size": 2, "tp_rank": 0,
-                                         "page_size": 64, "kv": {"item_len": 1, "dtype": "bfloat16",
-                                                                 "layout": "mha", "num_layers": 1}}),
+    b"PDPM\x01"
+    + msgspec.msgpack.encode(
+        {
+            "role": "decode",
+            "model": "m",
+            "tp_size": 2,
+            "tp_rank": 0,
+            "page_size": 64,
+            "kv": {"item_len": 1, "dtype": "bfloat16", "layout": "mha", "num_layers": 1},
+        }
+    ),
 ]
 
 

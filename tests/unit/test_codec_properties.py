@@ -1,12 +1,16 @@
-"""Hypothesis round trips: pack_int_lists, registration (with and without manifest) and metadata."""
+"""Hypothesis round trips: pack_int_lists, registration (with and without manifest) and metadata; the
+one-pass metadata decoder against the general one."""
 
 from __future__ import annotations
+
+from unittest.mock import patch
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataplane.codec import (
+    GUARD,
     ComponentSummary,
     KVSummary,
     Manifest,
@@ -19,6 +23,8 @@ from dataplane.codec import (
     pack_int_lists,
     unpack_int_lists,
 )
+from dataplane.codec import metadata as metadata_module
+from dataplane.errors import WireFormatError
 
 FAST = settings(max_examples=60, deadline=None)
 i32 = st.integers(-(2**31), 2**31 - 1)
@@ -134,3 +140,62 @@ def test_metadata_round_trip(meta: TransferMetadata) -> None:
         assert out.dst_kv_indices.tolist() == meta.dst_kv_indices.tolist()
         assert out.dst_aux_index == meta.dst_aux_index
         assert [a.tolist() for a in out.dst_state_indices] == [a.tolist() for a in meta.dst_state_indices]
+
+
+FIELD_BYTES = st.sampled_from(
+    [
+        b"",
+        b"0",
+        b"7",
+        b"-1",
+        b"007",
+        b"65535",
+        b"65536",
+        b"2147483647",
+        b"2147483648",
+        b"None",
+        b"1 ",
+        b"\x7f",
+    ]
+) | st.binary(max_size=12)
+
+
+def _fields(m: TransferMetadata) -> tuple[object, ...]:
+    arrays = (m.dst_kv_indices, *m.dst_state_indices)
+    return (
+        m.room,
+        m.endpoint,
+        m.dst_port,
+        m.engine_key,
+        m.dst_aux_index,
+        m.required_dst_info_num,
+        m.is_dummy,
+        m.decode_prefix_len,
+        [(a.dtype, a.flags.writeable, a.tolist()) for a in arrays],
+    )
+
+
+@FAST
+@given(metadata(), st.dictionaries(st.integers(1, 10), FIELD_BYTES, max_size=3))
+def test_one_pass_decode_equals_the_general_path(meta: TransferMetadata, edits: dict[int, bytes]) -> None:
+    """Valid and mangled frames: the one-pass decoder gives what the general path gives, or declines."""
+    frames = encode_metadata(meta)
+    for i, value in edits.items():
+        frames[i % len(frames)] = value
+    try:
+        general: object = _fields(_general_decode(frames))
+    except WireFormatError as exc:
+        general = str(exc)
+    if frames[0] == GUARD:  # decode_metadata checks the guard before either path
+        plain = metadata_module._decode_plain(frames)
+        if plain is not None:
+            assert _fields(plain) == general
+    try:
+        assert _fields(decode_metadata(frames)) == general
+    except WireFormatError as exc:
+        assert str(exc) == general
+
+
+def _general_decode(frames: list[bytes]) -> TransferMetadata:
+    with patch.object(metadata_module, "_decode_plain", lambda f: None):
+        return decode_metadata(frames)

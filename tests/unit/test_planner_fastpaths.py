@@ -1,16 +1,22 @@
 """The planner's fast paths against the plain ones: the interleaved-word runs against
-``contiguous_runs``, the one-buffer range check against per-side checks, and a Qwen3-Next-like plan
-expanded page by page against the naive per-page writes."""
+``contiguous_runs``, the one-buffer range check against per-side checks, a Qwen3-Next-like plan
+expanded page by page against the naive per-page writes, and the common-shape pass against the
+general path (same rows; anything it does not cover left to the general path)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import msgspec
 import numpy as np
 import pytest
 
 from dataplane.errors import PlanError
-from dataplane.planner import PeerLayout, RequestIndices, contiguous_runs, plan_request
+from dataplane.planner import PeerLayout, RequestIndices, contiguous_runs, pairing_for, plan_request
+from dataplane.planner.request import plan_parts
 from dataplane.planner.runs import interleaved, word_runs
-from dataplane.schema.profiles import profile
+from dataplane.schema import Component, KVSpec, RoleSchema, TensorSpec
+from dataplane.schema.profiles import profile, profile_names
 
 QWEN = profile("qwen3-next")
 LOCAL = QWEN.schema(pool_pages=256, max_requests=8)
@@ -86,3 +92,94 @@ def test_wide_indices_are_not_truncated() -> None:
     req = RequestIndices(np.array([0, 1, 2**32 + 3], np.int64), np.array([0, 1, 2], np.int32))  # type: ignore[arg-type]
     with pytest.raises(PlanError, match="prefill"):
         plan_request(LOCAL, PEER, req)
+
+
+def _mla_with_sliced_mamba() -> tuple[RoleSchema, PeerLayout]:
+    """MLA KV (whole pages at any TP) with a mamba component sliced TP 1 → 2: the common shape with
+    based single rows."""
+    kv = KVSpec(item_len=1152, num_pages=64, layer_ids=(0, 1, 2), layout="mla")
+    mamba = (TensorSpec(4096, 1, tp_dim=64), TensorSpec(8192, 1, tp_dim=32), TensorSpec(4096, 2, tp_dim=64))
+    half = tuple(TensorSpec(t.item_len // 2, t.layer_id, tp_dim=t.tp_dim // 2) for t in mamba)
+    local = RoleSchema(
+        model="m", tp_size=1, tp_rank=0, kv=kv, components=(Component("mamba", "mamba", mamba, num_items=8),)
+    )
+    peer = RoleSchema(
+        model="m",
+        tp_size=2,
+        tp_rank=1,
+        kv=msgspec.structs.replace(kv, num_pages=48),
+        components=(Component("mamba", "mamba", half, num_items=6),),
+    )
+    return local, PeerLayout.from_schema(peer)
+
+
+def _cases() -> list[tuple[str, RoleSchema, PeerLayout]]:
+    out = []
+    for name in profile_names():
+        local = profile(name).schema(pool_pages=64, max_requests=8)
+        out.append((name, local, PeerLayout.from_schema(profile(name).schema(pool_pages=48, max_requests=6))))
+    return [*out, ("mla+sliced mamba", *_mla_with_sliced_mamba())]
+
+
+def _random_request(rng: np.random.Generator, local: RoleSchema, peer: PeerLayout) -> RequestIndices:
+    n, pages = int(rng.integers(2, 40)), min(local.kv.num_pages, *(r.num_items for r in peer.kv))
+    src, dst = rng.permutation(pages)[:n], rng.permutation(pages)[:n]
+    if rng.random() < 0.5:  # dense sorted pages: long shared runs, broken where either side skips
+        src, dst = np.sort(src), np.sort(dst)
+    slots = [
+        (int(rng.integers(0, c.num_items)), int(rng.integers(0, min(r.num_items for r in pc.regions))))
+        for c, pc in zip(local.components, peer.components, strict=True)
+    ]
+    return RequestIndices(
+        src.astype(np.int32),
+        dst.astype(np.int32),
+        int(rng.integers(0, local.aux.num_items)),
+        int(rng.integers(0, min(r.num_items for r in peer.aux))),
+        [np.array([s], np.int32) for s, _ in slots],
+        [np.array([d], np.int32) for _, d in slots],
+    )
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_common_shape_writes_what_the_general_path_writes(case: tuple[str, RoleSchema, PeerLayout]) -> None:
+    """Same rows, same order, same dtypes, every column a contiguous array of its own length."""
+    _, local, peer = case
+    pr = pairing_for(local, peer)
+    assert pr.common is not None
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        req = _random_request(rng, local, peer)
+        fast = pr.common.plan(req)
+        assert fast is not None
+        general = plan_parts(pr, req)
+        fast.check()
+        assert fast.rows() == general.rows()
+        assert all(getattr(fast, f).flags.c_contiguous for f in ("local_offset", "size", "component"))
+
+
+def test_common_shape_declines_what_it_does_not_cover() -> None:
+    """Each of these goes to the general path, which plans it (or raises) exactly as before."""
+    pr = pairing_for(LOCAL, PEER)
+    assert pr.common is not None
+    base = _random_request(np.random.default_rng(5), LOCAL, PEER)
+    src, dst = base.src_kv, base.dst_kv
+    declined = [
+        replace(base, dst_kv=dst[:-1]),  # one-page drift
+        replace(base, src_kv=src.astype(np.int64)),  # not int32
+        replace(base, src_kv=src[:1], dst_kv=dst[:1]),  # a one-page request
+        replace(base, src_aux=None, dst_aux=None),  # no aux
+        replace(base, dst_state=[np.array([1, 2], np.int32)]),  # several state indices
+        replace(base, src_state=[None]),  # a component skipped
+        replace(base, src_kv=np.concatenate((src[:-1], [200])).astype(np.int32)),  # valid on prefill only
+    ]
+    for req in declined:
+        assert pr.common.plan(req) is None
+    assert len(plan_request(LOCAL, PEER, declined[0])) == len(plan_parts(pr, declined[0]))
+    for bad, side in (
+        (replace(base, dst_aux=PEER.aux[0].num_items), "aux"),
+        (replace(base, src_state=[np.array([-1], np.int32)]), "prefill"),
+        (replace(base, dst_kv=np.concatenate((dst[:-1], [128])).astype(np.int32)), "decode"),
+    ):
+        assert pr.common.plan(bad) is None
+        with pytest.raises(PlanError, match=side):
+            plan_request(LOCAL, PEER, bad)

@@ -1,0 +1,166 @@
+"""The common request shape, planned in one pass: paged KV over one family of whole items, and one
+index per side for aux and for every component (e.g. Qwen3-Next: KV pages, an aux slot, a mamba slot).
+
+``CommonShape.plan`` writes exactly the rows the general path (``Builder``) writes, in the same order,
+after the same checks, but with about twenty numpy calls and no per-part Python objects: one
+interleaved buffer for both sides' pages (one ``max`` range-checks both, one word difference finds
+the runs), the runs' ``[src; dst; length]`` gathered once into a small array and scaled by the item
+length, then broadcast over every KV buffer; every single-index row (aux, components) comes from one
+gather of a per-request ``[src...; dst...; 1]`` vector and one multiply by the per-peer table.
+
+Anything outside the shape (another dtype, a page drift, a missing index, an index beyond the
+smaller of the two sides' limits) returns ``None``: the general path then plans it or raises the
+specific error. Only the per-peer tables are precomputed; every row is computed per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..schema import KV_COMPONENT, SendRule
+from .layout import RequestIndices
+from .plan import WritePlan
+from .runs import word_edges
+from .tables import Tables
+
+if TYPE_CHECKING:
+    from .pairing import TensorGroup
+
+__all__ = ["CommonShape"]
+
+_I32 = np.dtype(np.int32)
+_ONE = (1,)
+_A = TypeVar("_A", bound=np.ndarray[Any, Any])
+
+
+@dataclass(frozen=True, eq=False)
+class CommonShape:
+    """Per-peer tables for the common shape. ``aux_limits`` and ``state_limits`` are the single-index
+    groups' (prefill, decode) item counts; ``gather`` to ``component`` cover the rows after KV, in
+    canonical group order (aux, then the components)."""
+
+    item: int
+    """KV item length: both sides' item and every write's size per page (a whole-item family)."""
+    blocks: int
+    kv_limit: int
+    kv_regions: npt.NDArray[np.int32]
+    """``(2, blocks, 1)``: each KV buffer's (prefill, decode) region, broadcast over the runs."""
+    aux_limits: tuple[int, int]
+    state_limits: tuple[tuple[int, int], ...]
+    gather: npt.NDArray[np.intp]
+    """``(3, rows)``: each row's position in the request's ``[src...; dst...; 1]`` vector."""
+    scale: npt.NDArray[np.int64]
+    bases: npt.NDArray[np.int64] | None
+    regions: npt.NDArray[np.int32]
+    component: npt.NDArray[np.int16]
+
+    @classmethod
+    def build(cls, kv: TensorGroup, singles: Sequence[TensorGroup], tables: Tables) -> CommonShape | None:
+        """The shape's tables, or ``None`` when this pairing cannot take the shape (KV buffers of
+        several item lengths or with bases, a group with nothing paired, a non-slot aux)."""
+        g = kv.table
+        limit = min(kv.local_limit, kv.remote_limit)
+        if not (len(kv) and g.whole and g.family is not None and not g.based and 0 < limit <= 2**31):
+            return None
+        if not singles or singles[0].rule is not SendRule.SLOT or not all(len(s) for s in singles):
+            return None
+        lo, n = tables.start[1], len(singles)
+        group = tables.row_group[lo:] - 1
+        gather = np.stack((group, group + n, np.full_like(group, 2 * n)))
+        return cls(
+            int(g.family[0, 0]),
+            g.blocks,
+            limit,
+            _frozen(g.regions[:, :, None].copy()),
+            (singles[0].local_limit, singles[0].remote_limit),
+            tuple((s.local_limit, s.remote_limit) for s in singles[1:]),
+            _frozen(gather),
+            _frozen(tables.scale[:, lo:].copy()),
+            _frozen(tables.bases[:, lo:].copy()) if tables.based else None,
+            _frozen(tables.regions[:, lo:].copy()),
+            _frozen(tables.component[lo:].copy()),
+        )
+
+    def plan(self, req: RequestIndices) -> WritePlan | None:
+        """Every write of ``req`` if it has the common shape and passes the combined range check;
+        ``None`` otherwise (nothing is planned, nothing raised)."""
+        picks = self._singles(req)
+        src, dst = req.src_kv, req.dst_kv
+        n = src.size
+        if (
+            picks is None
+            or n < 2
+            or dst.size != n
+            or src.dtype != _I32
+            or dst.dtype != _I32
+            or src.ndim != 1
+            or dst.ndim != 1
+        ):
+            return None
+        buf = np.empty((n, 2), dtype=np.int32)
+        buf[:, 0] = src
+        buf[:, 1] = dst
+        if int(buf.view(np.uint32).max()) >= self.kv_limit:
+            return None
+        edges = word_edges(buf)
+        starts = edges[:-1]
+        runs, blocks = len(starts), self.blocks
+        kv_rows = blocks * runs
+        rows = kv_rows + self.scale.shape[1]
+        i64 = np.empty((3, rows), dtype=np.int64)
+        i32 = np.empty((2, rows), dtype=np.int32)
+        i16 = np.empty(rows, dtype=np.int16)
+        one = np.empty((3, runs), dtype=np.int64)
+        one[0:2] = buf.take(starts, axis=0).T
+        np.subtract(edges[1:], starts, out=one[2])
+        one *= self.item
+        i64[:, :kv_rows].reshape(3, blocks, runs)[...] = one[:, None, :]
+        i32[:, :kv_rows].reshape(2, blocks, runs)[...] = self.kv_regions
+        i16[:kv_rows].fill(KV_COMPONENT)
+        single = i64[:, kv_rows:]
+        np.multiply(self.scale, np.array(picks, dtype=np.int64)[self.gather], out=single)
+        if self.bases is not None:
+            single[0:2] += self.bases
+        i32[:, kv_rows:] = self.regions
+        i16[kv_rows:] = self.component
+        return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
+
+    def _singles(self, req: RequestIndices) -> list[int] | None:
+        """``[src per group..., dst per group..., 1]`` when aux and every component have exactly one
+        in-range integer index on each side; ``None`` otherwise."""
+        src, dst, src_state, dst_state = req.src_aux, req.dst_aux, req.src_state, req.dst_state
+        (src_limit, dst_limit), limits = self.aux_limits, self.state_limits
+        if (
+            type(src) is not int
+            or type(dst) is not int
+            or not (0 <= src < src_limit and 0 <= dst < dst_limit)
+            or src_state is None
+            or dst_state is None
+            or len(src_state) != len(limits)
+            or len(dst_state) != len(limits)
+        ):
+            return None
+        srcs, dsts = [src], [dst]
+        for s, d, (src_limit, dst_limit) in zip(src_state, dst_state, limits, strict=True):
+            if type(s) is not np.ndarray or type(d) is not np.ndarray or s.shape != _ONE or d.shape != _ONE:
+                return None
+            src, dst = s.item(), d.item()
+            if (
+                type(src) is not int
+                or type(dst) is not int
+                or not (0 <= src < src_limit and 0 <= dst < dst_limit)
+            ):
+                return None
+            srcs.append(src)
+            dsts.append(dst)
+        return [*srcs, *dsts, 1]
+
+
+def _frozen(arr: _A) -> _A:
+    arr.setflags(write=False)
+    return arr
