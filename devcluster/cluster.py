@@ -2,7 +2,9 @@
 
 Role: :class:`Cluster` starts every component on 127.0.0.1 with free ports and
 throw-away certificates in a data directory, creates a few kwok-managed
-(simulated) nodes, waits until pods can be scheduled, writes an admin
+(simulated) nodes and their simulated DRA GPU inventory (``dra.py``: DeviceClasses
+and ResourceSlices, so the scheduler allocates ResourceClaims on kwok nodes),
+waits until pods can be scheduled, writes an admin
 kubeconfig, and stops everything again (process groups: SIGTERM, then SIGKILL).
 Pod IPs (kwok) and service IPs are drawn from CIDRs nothing ever connects to.
 
@@ -29,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import pki, procs
+from devcluster import dra, pki, procs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
@@ -284,11 +286,20 @@ class Cluster:
             nodes = [_node_manifest(f"kwok-node-{i}") for i in range(self.nodes)]
             nodes += [_node_manifest(f"kwok-amd-node-{i}", amd=True) for i in range(self.amd_nodes)]
             self.apply(nodes)
+            self.publish_dra_inventory(nodes)
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - begin
+
+    def publish_dra_inventory(self, nodes: list[dict[str, Any]]) -> None:
+        """DeviceClasses and one ResourceSlice per kwok GPU node and vendor (``devcluster/dra.py``:
+        simulated, like the nodes' GPU capacity), each slice owned by its Node."""
+        uids = {n["metadata"]["name"]: n["metadata"]["uid"]
+                for n in self.kubectl_json("get", "nodes")["items"]}
+        named = [{**n, "metadata": {**n["metadata"], "uid": uids[n["metadata"]["name"]]}} for n in nodes]
+        self.apply(dra.inventory(named, dra.GPU_RESOURCES))
 
     def _start_components(self, timeout: float) -> None:
         missing = missing_binaries(self.binaries)

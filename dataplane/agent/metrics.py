@@ -8,6 +8,8 @@ one process (the demo, tests) never clash. The hot path is cheap: one update per
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -66,6 +68,13 @@ class AgentMetrics:
             buckets=SIZE_BUCKETS,
             registry=r,
         )
+        self.staged_bytes = Counter(
+            PREFIX + "staged_bytes",
+            "Bytes moved on the staged path (gathered, one write per slot, scattered), by component; "
+            "the rest of transfer_bytes went as direct writes.",
+            _COMP,
+            registry=r,
+        )
         self.requests = Counter(
             PREFIX + "requests",
             "Finished requests by outcome and reason.",
@@ -98,18 +107,28 @@ class AgentMetrics:
             PREFIX + "info", "Constant 1; labels describe the agent.", ("role", "agent"), registry=r
         )
         self.info.labels(role, agent).set(1)
+        self._series: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self.inflight.labels(role).set(0)
 
     def record_component(
         self, component: str, state_type: str, peer: str, nbytes: int, writes: int, seconds: float | None
     ) -> None:
         """One request's component finished moving (``seconds`` None when only counted, e.g. on decode)."""
-        labels = (component, state_type, self.role, peer)
-        self.transfer_bytes.labels(*labels).inc(nbytes)
-        self.transfer_writes.labels(*labels).inc(writes)
-        self.request_bytes.labels(*labels).observe(nbytes)
+        key = (component, state_type, peer)
+        series = self._series.get(key)
+        if series is None:  # ``labels()`` costs several µs per call; each room would pay it four times
+            labels = (component, state_type, self.role, peer)
+            metrics = (self.transfer_bytes, self.transfer_writes, self.request_bytes, self.transfer_seconds)
+            series = self._series[key] = tuple(m.labels(*labels) for m in metrics)
+        series[0].inc(nbytes)
+        series[1].inc(writes)
+        series[2].observe(nbytes)
         if seconds is not None:
-            self.transfer_seconds.labels(*labels).observe(seconds)
+            series[3].observe(seconds)
+
+    def record_staged(self, component: str, state_type: str, peer: str, nbytes: int) -> None:
+        """The part of a request's component that went on the staged path (also in transfer_bytes)."""
+        self.staged_bytes.labels(component, state_type, self.role, peer).inc(nbytes)
 
     def record_outcome(self, peer: str, outcome: str, reason: str = "") -> None:
         self.requests.labels(self.role, peer, outcome, reason).inc()

@@ -39,7 +39,15 @@ def register(subparsers: Any) -> None:
     t.add_argument("--repeat", type=int, default=3, help="repetitions per case (figures are medians)")
     t.add_argument("--warmup", type=int, default=5, help="untimed requests before each timed run")
     t.add_argument(
+        "--inflight", type=int, default=1,
+        help="rooms in flight per decode, and requests outstanding in the raw engine's loop (default: 1)",
+    )
+    t.add_argument(
         "--ucx-tls", default=None, help="UCX_TLS for the agent and the raw engine alike (default: UCX's own)"
+    )
+    t.add_argument(
+        "--nixl-threads", type=int, default=0,
+        help="NIXL UCX worker threads for the agent and the raw engine alike (default: 0, the caller's)",
     )
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
     t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
@@ -80,30 +88,32 @@ def _transfer(nixl: Any) -> Any:
     return TransferConfig(timeout_seconds=60, heartbeat_interval_seconds=0.5, nixl=nixl)
 
 
-def block_config(block: int, requests: int, nixl: Any = None) -> Any:
+def block_config(block: int, requests: int, nixl: Any = None, inflight: int = 1) -> Any:
     from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig
 
-    pages = max(2, min(16, (64 << 20) // block))
+    pages = max(2 * inflight, min(16, (64 << 20) // block))
     return AgentConfig(
         model=ModelConfig(
             name=f"block-{block}", profile=None, kv_item_len=block, kv_layers=1, page_size=16,
-            pool_pages=pages, max_requests=8,
+            pool_pages=pages, max_requests=max(8, 2 * inflight),
         ),
         transfer=_transfer(nixl or NixlConfig()),
         synthetic=SyntheticConfig(
-            requests_per_second=0, requests=requests, tokens=(16,), max_inflight=1, verify=False
+            requests_per_second=0, requests=requests, tokens=(16,), max_inflight=inflight, verify=False
         ),
     )
 
 
-def mix_config(profile: str, requests: int, nixl: Any = None) -> Any:
+def mix_config(profile: str, requests: int, nixl: Any = None, inflight: int = 1) -> Any:
     from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig
 
     return AgentConfig(
-        model=ModelConfig(profile=profile, pool_pages=512, max_requests=16),
+        model=ModelConfig(
+            profile=profile, pool_pages=128 * max(4, inflight), max_requests=max(16, 2 * inflight)
+        ),
         transfer=_transfer(nixl or NixlConfig()),
         synthetic=SyntheticConfig(
-            requests_per_second=0, requests=requests, tokens=(1024, 4096, 300, 2048), max_inflight=1,
+            requests_per_second=0, requests=requests, tokens=(1024, 4096, 300, 2048), max_inflight=inflight,
             verify=False,
         ),
     )
@@ -113,13 +123,14 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.transfer import run_case
     from ..config import NixlConfig
 
-    nixl = NixlConfig(ucx_tls=args.ucx_tls)
+    nixl = NixlConfig(ucx_tls=args.ucx_tls, num_threads=args.nixl_threads)
     cases = []
     for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
         requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
-        cases.append((_label(size), block_config(size, requests, nixl)))
+        cases.append((_label(size), block_config(size, requests, nixl, args.inflight)))
     if args.mix:
-        cases.append((f"mix:{args.mix}", mix_config(args.mix, min(args.max_requests, 200), nixl)))
+        mix = mix_config(args.mix, min(args.max_requests, 200), nixl, args.inflight)
+        cases.append((f"mix:{args.mix}", mix))
     results = []
     for label, cfg in cases:
         print(f"bench: {label} ...", file=sys.stderr, flush=True)
@@ -143,6 +154,7 @@ COLUMNS = (
     ("raw GB/s", "raw_engine_gbps", ">9", ".3f"), ("memcpy GB/s", "memcpy_gbps", ">11", ".3f"),
     ("agent/raw", "ratio_agent_vs_raw", ">9", ".3f"), ("agent p50 us", "agent_p50_us", ">12", ".1f"),
     ("raw p50 us", "raw_p50_us", ">10", ".1f"), ("overhead us", "overhead_us", ">11", ".1f"),
+    ("amortised us", "amortised_overhead_us", ">12", ".1f"),
 )
 
 
@@ -150,7 +162,12 @@ def table(results: list[dict[str, Any]]) -> str:
     head = " ".join(f"{title:{align}}" for title, _, align, _ in COLUMNS)
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(" ".join(f"{r[key]:{align}{fmt}}" for _, key, align, fmt in COLUMNS))
+        lines.append(
+            " ".join(
+                f"{r[key]:{align}{fmt}}" if r.get(key) is not None else f"{'-':{align}}"
+                for _, key, align, fmt in COLUMNS
+            )
+        )
     return "\n".join(lines)
 
 

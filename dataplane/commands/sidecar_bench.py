@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +41,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--mix", default="qwen3-next", help="model profile for the request-mix case ('' = none)")
     p.add_argument("--case-bytes", type=int, default=64 << 20, help="bytes moved per case")
     p.add_argument("--max-requests", type=int, default=200, help="cap on requests per case")
+    p.add_argument("--inflight", type=int, default=1, help="rooms in flight per decode, both setups")
+    p.add_argument("--repeat", type=int, default=1, help="runs per setup; figures are medians")
     p.add_argument("--json", action="store_true", help="print a JSON list of cases")
     p.set_defaults(handler=run)
 
@@ -51,13 +54,14 @@ def run(args: argparse.Namespace) -> int:
     for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
         requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
         label = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
-        cases.append((label, block_config(size, requests)))
+        cases.append((label, block_config(size, requests, inflight=args.inflight)))
     if args.mix:
-        cases.append((f"mix:{args.mix}", mix_config(args.mix, min(args.max_requests, 200))))
+        mix = mix_config(args.mix, min(args.max_requests, 200), inflight=args.inflight)
+        cases.append((f"mix:{args.mix}", mix))
     results = []
     for label, cfg in cases:
         print(f"sidecar-bench: {label} ...", file=sys.stderr, flush=True)
-        results.append(run_case(label, cfg))
+        results.append(run_case(label, cfg, args.repeat))
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 
@@ -72,13 +76,14 @@ def direct_run(cfg: Any) -> dict[str, Any]:
     return {"bytes": total, "gbps": total / window / 1e9 if window else 0.0, "us": window / n * 1e6}
 
 
-def run_case(label: str, cfg: Any) -> dict[str, Any]:
-    direct = direct_run(cfg)
-    side = sidecar_run(cfg, presend=False)
-    ahead = sidecar_run(cfg, presend=True)
+def run_case(label: str, cfg: Any, repeat: int = 1) -> dict[str, Any]:
+    runs = [(direct_run(cfg), sidecar_run(cfg, False), sidecar_run(cfg, True)) for _ in range(repeat)]
+    med = statistics.median
+    direct, side, ahead = ({k: med(r[i][k] for r in runs) for k in runs[0][i]} for i in range(3))
     return {
         "case": label,
         "requests": cfg.synthetic.requests,
+        "inflight": cfg.synthetic.max_inflight,
         "bytes": side["bytes"],
         "direct_gbps": round(direct["gbps"], 4),
         "sidecar_gbps": round(side["gbps"], 4),
@@ -90,6 +95,7 @@ def run_case(label: str, cfg: Any) -> dict[str, Any]:
         "presend_gbps": round(ahead["gbps"], 4),
         "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
         "presend_interface_us": round(ahead["us"] - direct["us"], 1),
+        "ratio_runs": [round(s["gbps"] / d["gbps"], 3) if d["gbps"] else None for d, s, _ in runs],
     }
 
 
@@ -99,8 +105,9 @@ def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
     syn = cfg.synthetic
     common = ["--requests", str(syn.requests), "--no-verify", "--room-base", str(1 << 40),
               "--tokens", ",".join(str(t) for t in syn.tokens)]
-    prefill = [*common, "--presend", "2"] if presend else []
-    decode_args = [*common, "--inflight", "1"]
+    inflight = syn.max_inflight
+    prefill = [*common, "--presend", str(inflight + 1)] if presend else []
+    decode_args = [*common, "--inflight", str(inflight)]
     with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-") as tmp, \
             SidecarPair(cfg, Path(tmp), decode_args=decode_args, prefill_args=prefill) as pair:
         decode = pair.engines["decode"]

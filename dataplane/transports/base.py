@@ -88,9 +88,18 @@ class Writes:
         return int(self.size.sum())
 
 
+SMALL = 32
+"""Batches up to this many writes are checked in plain Python: a dozen numpy calls on two-element
+arrays cost more than the loop (most components of a request are one to a few writes)."""
+
+
 def check_bounds(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray) -> None:
     """Raise ``PlanError`` unless every write lies inside its local and remote region."""
-    if len(writes) == 0:
+    n = len(writes)
+    if n == 0:
+        return
+    if n <= SMALL:
+        _check_rows(writes, local_sizes.tolist(), remote_sizes.tolist())
         return
     if np.any(writes.size <= 0) or np.any(writes.local_offset < 0) or np.any(writes.remote_offset < 0):
         raise PlanError("write sizes must be positive and offsets non-negative")
@@ -101,14 +110,34 @@ def check_bounds(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarr
         bad = (ids < 0) | (ids >= len(sizes))
         if np.any(bad):
             i = int(np.argmax(bad))
-            raise PlanError(f"write {i}: {side} region {int(ids[i])} not in 0..{len(sizes) - 1}")
+            _raise_region(i, side, int(ids[i]), len(sizes))
         over = offs + writes.size > sizes[ids]
         if np.any(over):
             i = int(np.argmax(over))
-            raise PlanError(
-                f"write {i}: {side} region {int(ids[i])} [{int(offs[i])}, +{int(writes.size[i])}) "
-                f"overflows its {int(sizes[ids[i]])} bytes"
-            )
+            _raise_overflow(i, side, int(ids[i]), int(offs[i]), int(writes.size[i]), int(sizes[ids[i]]))
+
+
+def _check_rows(writes: Writes, local_sizes: list[int], remote_sizes: list[int]) -> None:
+    rows = zip(
+        writes.local_region.tolist(), writes.local_offset.tolist(), writes.remote_region.tolist(),
+        writes.remote_offset.tolist(), writes.size.tolist(), strict=True,
+    )
+    for i, (lr, lo, rr, ro, size) in enumerate(rows):
+        if size <= 0 or lo < 0 or ro < 0:
+            raise PlanError("write sizes must be positive and offsets non-negative")
+        for side, region, off, sizes in (("local", lr, lo, local_sizes), ("remote", rr, ro, remote_sizes)):
+            if not 0 <= region < len(sizes):
+                _raise_region(i, side, region, len(sizes))
+            if off + size > sizes[region]:
+                _raise_overflow(i, side, region, off, size, sizes[region])
+
+
+def _raise_region(i: int, side: str, region: int, count: int) -> None:
+    raise PlanError(f"write {i}: {side} region {region} not in 0..{count - 1}")
+
+
+def _raise_overflow(i: int, side: str, region: int, off: int, size: int, limit: int) -> None:
+    raise PlanError(f"write {i}: {side} region {region} [{off}, +{size}) overflows its {limit} bytes")
 
 
 class TransferState(enum.Enum):

@@ -6,16 +6,24 @@ lists that cut every region into ``g``-byte blocks. Pure numpy, no engine: unit-
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .base import Writes
+from .base import SMALL, Writes
 
 
 def block_size(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray, limit: int) -> int | None:
     """The largest block size that expresses every write, or None when the lists (or the index arrays)
     would exceed ``limit`` entries — then exact descriptors are the cheaper route."""
-    g = int(np.gcd.reduce(np.concatenate([writes.local_offset, writes.remote_offset, writes.size])))
-    worst = max(int(local_sizes.sum()), int(remote_sizes.sum()), writes.nbytes) // g
+    if len(writes) <= SMALL:
+        sizes = writes.size.tolist()
+        g = math.gcd(*writes.local_offset.tolist(), *writes.remote_offset.tolist(), *sizes)
+        nbytes = sum(sizes)
+    else:
+        g = int(np.gcd.reduce(np.concatenate([writes.local_offset, writes.remote_offset, writes.size])))
+        nbytes = writes.nbytes
+    worst = max(int(local_sizes.sum()), int(remote_sizes.sum()), nbytes) // g
     return g if worst <= limit else None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -42,6 +43,34 @@ def load_sdk() -> ModuleType:
         except ImportError:
             continue
     raise TransferFailed(f"NIXL is not installed (tried {', '.join(SDK_MODULES)})")
+
+
+_BUILD = threading.Lock()
+
+
+def _new_agent(sdk: ModuleType, name: str, conf: Any, progress_delay_us: int) -> Any:
+    """``sdk.nixl_agent(name, conf)`` with the progress thread's delay set.
+
+    NIXL's Python API hard-wires ``pthrDelay = 0``: the UCX progress thread then spins without pause,
+    a whole core per agent even when idle, which starves every other thread of a small host (the
+    agent's own worker, the peer process). With a delay the thread arms the UCX worker and sleeps in
+    ``poll`` until an event or the delay, at ~4% of a core. The API offers no parameter for it, so the
+    one bindings call that builds the agent is intercepted, under a lock, while the agent is made."""
+    bind = getattr(sdk, "nixlBind", None)
+    if bind is None or progress_delay_us <= 0:
+        return sdk.nixl_agent(name, conf)
+    build = bind.nixlAgent
+
+    def with_delay(agent_name: str, agent_config: Any) -> Any:
+        agent_config.pthrDelay = progress_delay_us
+        return build(agent_name, agent_config)
+
+    with _BUILD:
+        bind.nixlAgent = with_delay
+        try:
+            return sdk.nixl_agent(name, conf)
+        finally:
+            bind.nixlAgent = build
 
 
 def _mapped(exc: Exception, what: str) -> TransferFailed:
@@ -80,9 +109,11 @@ class NixlTransport(Transport):
             if value is not None:
                 os.environ[var] = value
         self._sdk = sdk or load_sdk()
-        conf = self._sdk.nixl_agent_config(enable_listen_thread=False, backends=list(config.backends))
+        conf = self._sdk.nixl_agent_config(
+            enable_listen_thread=False, backends=list(config.backends), num_threads=config.num_threads
+        )
         try:
-            self._agent = self._sdk.nixl_agent(agent_name, conf)
+            self._agent = _new_agent(self._sdk, agent_name, conf, config.progress_delay_us)
         except Exception as exc:
             raise _mapped(exc, "create agent") from exc
         self._closed = False

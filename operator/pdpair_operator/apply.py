@@ -29,7 +29,9 @@ from .spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
-PATHS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Event": "events"}
+PATHS = {"Pod": "/api/v1/namespaces/{ns}/pods", "Service": "/api/v1/namespaces/{ns}/services",
+         "ConfigMap": "/api/v1/namespaces/{ns}/configmaps", "Event": "/api/v1/namespaces/{ns}/events",
+         "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"}
 REQUEST_TIMEOUT_SECONDS = 30.0
 
 
@@ -81,7 +83,7 @@ class Kube:
 
 
 def object_path(namespace: str, kind: str, name: str | None = None) -> str:
-    base = f"/api/v1/namespaces/{namespace}/{PATHS[kind]}"
+    base = PATHS[kind].format(ns=namespace)
     return f"{base}/{name}" if name else base
 
 
@@ -134,6 +136,10 @@ class Executor:
             try:
                 await self._call("POST", object_path(owner.namespace, manifest["kind"]), manifest)
             except KubeError as exc:
+                if exc.status == 404 and manifest["apiVersion"] != "v1" and "page not found" in str(exc):
+                    raise KubeError(404, f"the API server does not serve {manifest['apiVersion']} "
+                                    f"{manifest['kind']}s: gpuAllocation 'dra' needs resource.k8s.io/v1 "
+                                    "(Kubernetes 1.34 or later)") from exc
                 if exc.status != 409:
                     raise
         return create

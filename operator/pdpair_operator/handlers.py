@@ -88,11 +88,20 @@ def pdpair_configmaps(namespace: str | None, labels: kopf.Labels, body: kopf.Bod
     return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("ConfigMap", body)}
 
 
+@kopf.index("resource.k8s.io", "v1", "resourceclaimtemplates", labels=CHILD_LABELS)
+def pdpair_claim_templates(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                           **_: Any) -> dict[Key, ChildView]:
+    """DRA GPU claim templates. On an API server without resource.k8s.io/v1 kopf warns and leaves this
+    index empty; only PDPairs asking for ``gpuAllocation: dra`` need it."""
+    return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("ResourceClaimTemplate", body)}
+
+
 def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
     rec: Reconciler = memo["reconciler"]
     idx = rec.indices
     idx.owners, idx.pods = kwargs["pdpair_owners"], kwargs["pdpair_pods"]
     idx.services, idx.configmaps = kwargs["pdpair_services"], kwargs["pdpair_configmaps"]
+    idx.claim_templates = kwargs["pdpair_claim_templates"]
     return rec
 
 
@@ -104,5 +113,6 @@ async def pdpair_changed(namespace: str | None, name: str, memo: kopf.Memo, **kw
 @kopf.on.event("v1", "pods", labels=CHILD_LABELS)
 @kopf.on.event("v1", "services", labels=CHILD_LABELS)
 @kopf.on.event("v1", "configmaps", labels=CHILD_LABELS)
+@kopf.on.event("resource.k8s.io", "v1", "resourceclaimtemplates", labels=CHILD_LABELS)
 async def child_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     _reconciler(memo, kwargs).kick((namespace or "", labels[naming.LABEL_NAME]))

@@ -14,7 +14,7 @@ LABEL_ROLE = f"{PREFIX}/role"
 LABEL_INDEX = f"{PREFIX}/index"
 LABEL_GENERATION = f"{PREFIX}/generation"
 LABEL_KIND = f"{PREFIX}/child"
-"""What the child is: pod, bootstrap, headless, metrics, config."""
+"""What the child is: pod, bootstrap, headless, metrics, config, gpus."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "pdpair-operator"
 ANNOTATION_RENDER_HASH = f"{PREFIX}/render-hash"
@@ -22,6 +22,8 @@ ANNOTATION_RESTARTS = f"{PREFIX}/restart-count"
 ANNOTATION_LAST_FAILURE = f"{PREFIX}/last-failure"
 TRANSFER_READY = f"{PREFIX}/TransferReady"
 """Pod condition type the agent reports and the readiness gate waits on."""
+GPU_CLAIM = "gpus"
+"""The pod's ResourceClaim entry (``spec.resourceClaims[].name``) its containers reference."""
 CONFIG_DIR = "/etc/pdpair"
 CONFIG_FILE = "agent.yaml"
 ROLE_SHORT = {"prefill": "p", "decode": "d"}
@@ -45,6 +47,11 @@ def metrics_service(owner: str) -> str:
 
 def config_map(owner: str, generation: str) -> str:
     return f"{owner}-agent-{generation}"
+
+
+def gpu_claim_template(owner: str, generation: str, role: Role) -> str:
+    """Per generation and role: a template's spec is immutable, and the generation hash covers it."""
+    return f"{owner}-gpus-{generation}-{role}"
 
 
 def service_dns(service: str, namespace: str) -> str:

@@ -37,6 +37,8 @@ class PodView(msgspec.Struct, frozen=True):
     failure: str = ""
     """Crash context of a failed pod: container reason, exit code, message."""
     restarts: int = 0
+    unschedulable: str = ""
+    """The scheduler's reason a Pending pod has no node (for example a DRA claim it cannot allocate)."""
 
     @property
     def failed(self) -> bool:
@@ -108,6 +110,9 @@ def pod_from_body(body: Any) -> PodView:
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     conditions = status.get("conditions") or []
     ready = _condition(conditions, "Ready")
+    scheduled = _condition(conditions, "PodScheduled")
+    unschedulable = (f"{scheduled.reason}: {scheduled.message}" if scheduled is not None
+                     and scheduled.status == "False" and scheduled.reason == "Unschedulable" else "")
     finished = status.get("phase") in ("Failed", "Succeeded")
     finished_at, failure = _termination(status) if finished else ("", "")
     return PodView(
@@ -123,6 +128,7 @@ def pod_from_body(body: Any) -> PodView:
         finished_at=finished_at,
         failure=failure,
         restarts=int(annotations.get(naming.ANNOTATION_RESTARTS, "0")),
+        unschedulable=unschedulable,
     )
 
 

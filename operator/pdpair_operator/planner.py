@@ -11,8 +11,9 @@ Steps, in order:
    units; the old keeps ``g - ready_units`` units, so an old unit goes only once a new unit is ready and
    both generations stay in ratio. ``Recreate`` empties the old generation first.
 3. **Pairing.** Each generation has its own ConfigMap and bootstrap Service (named by the hash): a
-   decode finds only prefills of its generation, so generations never pair. Children of generations
-   with no pods left are deleted.
+   decode finds only prefills of its generation, so generations never pair. With DRA GPUs, each
+   generation and role also has a ResourceClaimTemplate its pods' claims come from. Children of
+   generations with no pods left are deleted.
 4. **Status** recomputed from the pods (``status.py``); written only when it changed; Events for
    condition flips, rollout start and completion, and failures.
 
@@ -223,17 +224,24 @@ def _desired_children(owner: Owner, gen: str) -> tuple[dict[str, Any], ...]:
     if cached is None:
         if len(_RENDERED) >= _RENDERED_MAX:
             _RENDERED.clear()
+        templates = (render.build_gpu_claim_template(owner, gen, role) for role in ROLES)
         cached = _RENDERED[key] = (
             render.build_config_map(owner, gen),
             render.build_bootstrap_service(owner, gen),
             render.build_headless_service(owner),
             render.build_metrics_service(owner),
+            *(t for t in templates if t is not None),
         )
     return cached
 
 
+IMMUTABLE_KINDS = frozenset({"ResourceClaimTemplate"})
+"""Children whose spec the API server refuses to change; named by generation, so never patched."""
+
+
 def _plan_children(owner: Owner, gen: str, observed: Observed, work: _Work) -> None:
-    """Step 3: per-generation ConfigMap and bootstrap Service, plus the two stable Services."""
+    """Step 3: per-generation ConfigMap, bootstrap Service and (DRA) GPU claim templates, plus the two
+    stable Services."""
     live_gens = {gen} | {p.generation for p in observed.pods}
     seen = {(c.kind, c.name): c for c in observed.children}
     for manifest in _desired_children(owner, gen):
@@ -241,7 +249,8 @@ def _plan_children(owner: Owner, gen: str, observed: Observed, work: _Work) -> N
         have = seen.get((manifest["kind"], meta["name"]))
         if have is None:
             work.creates.append(manifest)
-        elif not have.deleting and have.render_hash != meta["annotations"][naming.ANNOTATION_RENDER_HASH]:
+        elif (not have.deleting and manifest["kind"] not in IMMUTABLE_KINDS
+              and have.render_hash != meta["annotations"][naming.ANNOTATION_RENDER_HASH]):
             body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
             work.patches.append(Patch(manifest["kind"], meta["name"], body))
     for child in observed.children:

@@ -36,12 +36,14 @@ class Indices:
         self.pods: Mapping[Key, Iterable[PodView]] = {}
         self.services: Mapping[Key, Iterable[ChildView]] = {}
         self.configmaps: Mapping[Key, Iterable[ChildView]] = {}
+        self.claim_templates: Mapping[Key, Iterable[ChildView]] = {}
 
     def owner(self, key: Key) -> Owner | None:
         return next(iter(self.owners.get(key, ())), None)
 
     def observed(self, key: Key) -> Observed:
-        children = (*self.services.get(key, ()), *self.configmaps.get(key, ()))
+        children = (*self.services.get(key, ()), *self.configmaps.get(key, ()),
+                    *self.claim_templates.get(key, ()))
         return Observed(pods=tuple(self.pods.get(key, ())), children=tuple(children))
 
 

@@ -164,23 +164,59 @@ def _env(spec: PDPairSpec, role: Role) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
+def _gpu_resources(spec: PDPairSpec, role: Role, on_agent: bool) -> dict[str, Any]:
+    """The GPU part of one container's resources. DRA: every container names the pod's claim, so a
+    sidecar engine and the agent see the same GPUs. Device plugin: the limit goes to one container
+    only, the agent's, or a sidecar engine's (it computes there; the CRD refuses that case when state
+    lives in GPU memory, since the agent could not open the engine's CUDA IPC handles)."""
     rs = spec.role(role)
-    limits: dict[str, str] = {}
+    if rs.gpu_count() == 0:
+        return {}
+    if rs.resources.dra:
+        return {"claims": [{"name": naming.GPU_CLAIM}]}
+    if on_agent == spec.engine.sidecar:
+        return {}
+    return {"limits": {rs.resources.gpu_resource_name: str(rs.gpu_count())}}
+
+
+def _resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
+    """The agent container's resources: its GPUs (see ``_gpu_resources``), RDMA devices, CPU/memory."""
+    rs = spec.role(role)
+    out = _gpu_resources(spec, role, on_agent=True)
+    limits: dict[str, str] = dict(out.get("limits", {}))
     requests: dict[str, str] = {}
-    if rs.gpu_count() > 0:
-        limits[rs.resources.gpu_resource_name] = str(rs.gpu_count())
     if rs.resources.rdma.count > 0:
         limits[rs.resources.rdma.resource_name] = str(rs.resources.rdma.count)
     for key, value in (("cpu", rs.resources.cpu), ("memory", rs.resources.memory)):
         if value:
             requests[key] = value
-    out: dict[str, Any] = {}
     if limits:
         out["limits"] = limits
     if requests:
         out["requests"] = requests
     return out
+
+
+def build_gpu_claim_template(owner: Owner, generation: str, role: Role) -> dict[str, Any] | None:
+    """DRA: the template of each pod's GPU claim (``count`` = GPUs per pod), or None where the role
+    asks for no DRA GPUs. The ResourceClaim controller makes one claim per pod from it, owned by the
+    pod; the scheduler allocates it, and every container that names the claim gets the same devices."""
+    rs = owner.spec.role(role)
+    if not rs.gpu_claim():
+        return None
+    claim_labels = {naming.LABEL_NAME: owner.name, naming.LABEL_ROLE: role,
+                    naming.LABEL_GENERATION: generation}
+    request = {"name": naming.GPU_CLAIM, "exactly": {
+        "deviceClassName": rs.resources.gpu_device_class(), "allocationMode": "ExactCount",
+        "count": rs.gpu_count()}}
+    return _finish(owner, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": naming.gpu_claim_template(owner.name, generation, role),
+                     "labels": {**naming.owner_labels(owner.name), naming.LABEL_KIND: "gpus",
+                                naming.LABEL_ROLE: role, naming.LABEL_GENERATION: generation}},
+        "spec": {"metadata": {"labels": claim_labels},
+                 "spec": {"devices": {"requests": [request]}}},
+    })
 
 
 def container_security_context(spec: PDPairSpec) -> dict[str, Any]:
@@ -230,6 +266,9 @@ def _engine_container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     env += [{"name": v.name, **({"valueFrom": v.value_from} if v.value_from is not None else
                                 {"value": v.value or ""})} for v in engine.env]
     container: dict[str, Any] = {"name": "engine", "env": env, "volumeMounts": mounts}
+    resources = _gpu_resources(spec, role, on_agent=False)
+    if resources:
+        container["resources"] = resources
     if engine.image:
         container.update(image=engine.image, imagePullPolicy=spec.image_pull_policy)
         if engine.command:
@@ -284,6 +323,10 @@ def build_pod(owner: Owner, generation: str, role: Role, index: int,
         ],
     }
     pod_spec = _with_engine(spec, role, pod_spec)
+    if rs.gpu_claim():
+        pod_spec["resourceClaims"] = [{
+            "name": naming.GPU_CLAIM,
+            "resourceClaimTemplateName": naming.gpu_claim_template(owner.name, generation, role)}]
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if rs.node_selector:

@@ -63,13 +63,35 @@ class Rdma(_Spec, frozen=True):
     count: int = 0
 
 
+GPU_DEVICE_CLASSES = {"nvidia.com": "gpu.nvidia.com", "amd.com": "gpu.amd.com"}
+"""The DeviceClass each vendor's DRA driver installs (NVIDIA k8s-dra-driver-gpu, AMD k8s-gpu-dra-driver),
+keyed by the vendor domain of the device plugin's resource name."""
+
+
 class Resources(_Spec, frozen=True):
     gpu_resource_name: str = "nvidia.com/gpu"
     gpus: int | None = None
     """None: one GPU per tensor-parallel rank."""
+    gpu_allocation: Literal["devicePlugin", "dra"] = "devicePlugin"
+    """devicePlugin: a ``gpu_resource_name`` limit, which the kubelet gives to one container only.
+    dra: a ResourceClaim per pod that every container of the pod references, so a sidecar engine and
+    the agent see the same GPUs (the agent opens the engine's CUDA IPC handles)."""
+    gpu_device_class_name: str | None = None
+    """dra only; None: the vendor's class, from the domain of ``gpu_resource_name``."""
     rdma: Rdma = Rdma()
     cpu: str | None = None
     memory: str | None = None
+
+    @property
+    def dra(self) -> bool:
+        return self.gpu_allocation == "dra"
+
+    def gpu_device_class(self) -> str:
+        """The DeviceClass GPU claims ask for (the CRD refuses dra without one it can derive)."""
+        if self.gpu_device_class_name:
+            return self.gpu_device_class_name
+        vendor = self.gpu_resource_name.partition("/")[0]
+        return GPU_DEVICE_CLASSES.get(vendor, GPU_DEVICE_CLASSES["nvidia.com"])
 
 
 class EnvVar(_Spec, frozen=True):
@@ -89,6 +111,10 @@ class RoleSpec(_Spec, frozen=True):
 
     def gpu_count(self) -> int:
         return self.tensor_parallel_size if self.resources.gpus is None else self.resources.gpus
+
+    def gpu_claim(self) -> bool:
+        """DRA GPUs: each pod gets a ResourceClaim that all its containers reference."""
+        return self.resources.dra and self.gpu_count() > 0
 
 
 class Ports(_Spec, frozen=True):

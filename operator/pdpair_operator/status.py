@@ -71,6 +71,9 @@ def derive_conditions(current: Sequence[PodView], desired: dict[Role, int],
         ready = Cond("Ready", "True", "ScaledToZero", "no replicas requested")
     elif all_serving and transfer.status == "True":
         ready = Cond("Ready", "True", "AllReplicasReady", summary)
+    elif stuck := sorted((p for p in current if p.unschedulable), key=lambda p: p.name):
+        ready = Cond("Ready", "False", "PodsUnschedulable",
+                     f"{summary}; {stuck[0].name}: {stuck[0].unschedulable}")
     else:
         ready = Cond("Ready", "False", "ReplicasNotReady", summary)
     if facts.old_pods:

@@ -84,6 +84,11 @@ def children(cluster: Cluster, ns: str, name: str) -> dict[str, list[dict[str, A
     ({"transfer": {"backend": "nixl", "mori": {"qpPerTransfer": 2}}},
      "only valid with transfer.backend 'mori'"),
     ({"transfer": {"backend": "tcp"}}, "Unsupported value"),
+    ({"engine": {"mode": "sidecar"}, "transfer": {"backend": "nixl", "device": "cuda"},
+      "prefill": {"replicas": 1}},
+     "prefill: a sidecar engine with transfer.device cuda needs resources.gpuAllocation 'dra'"),
+    ({"decode": {"replicas": 1, "resources": {"gpuDeviceClassName": "gpu.nvidia.com"}}},
+     "resources.gpuDeviceClassName is only valid with resources.gpuAllocation 'dra'"),
 ])
 def test_invalid_pdpair_is_rejected_with_the_cel_message(cluster: Cluster, ns: str, patch: dict[str, Any],
                                                          message: str) -> None:
@@ -130,6 +135,11 @@ def test_example_creates_owned_children_and_pods_run(cluster: Cluster, ns: str, 
         assert all(n.startswith("kwok-amd-node-") for n in nodes), nodes
     for pod in pods(cluster, ns, name):
         assert condition(pod, "pdpair.io/TransferReady") == {}, "only the agent may set TransferReady"
+        claimed = doc["spec"][pod["metadata"]["labels"]["pdpair.io/role"]]["resources"].get("gpuAllocation")
+        if claimed == "dra":
+            [claim] = pod["status"]["resourceClaimStatuses"]
+            allocated = get(cluster, "resourceclaim", ns, claim["resourceClaimName"])["status"]["allocation"]
+            assert allocated["devices"]["results"], allocated
 
 
 def test_fake_agents_make_it_ready_and_scale_up_and_down(cluster: Cluster, ns: str) -> None:
@@ -266,6 +276,76 @@ def test_status_and_printer_columns(cluster: Cluster, ns: str) -> None:
     explain = cluster.kubectl("explain", "pdpair.spec.transfer.backend").stdout
     assert "mori" in explain and "nixl" in explain
     assert json.dumps(obj["status"]["conditions"])
+
+
+# ---- GPUs through Dynamic Resource Allocation ---------------------------------------------------------
+def test_dra_sidecar_pods_share_one_claim_the_scheduler_allocated(cluster: Cluster, ns: str) -> None:
+    """``gpuAllocation: dra``: the real scheduler allocates each pod's claim from the kwok nodes' simulated
+    ResourceSlices (devcluster/dra.py), and the engine and agent containers reference that one claim."""
+    classes = cluster.kubectl("get", "deviceclass", "gpu.nvidia.com", check=False)
+    assert classes.returncode == 0, (
+        "no DeviceClass gpu.nvidia.com: this cluster publishes no DRA GPU inventory (devcluster does, "
+        "docs/devcluster.md; restart a `make cluster-up` cluster older than that)")
+    claimed = {"gpuAllocation": "dra"}
+    apply(cluster, ns, pdpair_yaml(
+        "dra", 1, 2, engine={"mode": "sidecar"}, transfer={"backend": "nixl", "device": "cuda"},
+        prefill={"replicas": 1, "resources": {**claimed, "gpus": 2}},
+        decode={"replicas": 2, "resources": claimed}))
+    items = wait_for("3 DRA pods Running", lambda: running(cluster, ns, "dra", 3), timeout=120)
+    owner_uid = pdpair(cluster, ns, "dra")["metadata"]["uid"]
+    templates = get(cluster, "resourceclaimtemplates", ns, "-l", "pdpair.io/name=dra")["items"]
+    assert sorted(t["metadata"]["labels"]["pdpair.io/role"] for t in templates) == ["decode", "prefill"]
+    assert {t["metadata"]["ownerReferences"][0]["uid"] for t in templates} == {owner_uid}
+    devices: set[tuple[str, str]] = set()
+    for pod in items:
+        [entry] = pod["spec"]["resourceClaims"]
+        assert entry["resourceClaimTemplateName"].startswith("dra-gpus-")
+        names = {c["name"]: c.get("resources", {}) for c in pod["spec"]["containers"]}
+        assert set(names) == {"agent", "engine"}
+        for resources in names.values():
+            assert resources.get("claims") == [{"name": entry["name"]}], resources
+            assert "nvidia.com/gpu" not in resources.get("limits", {})
+        [claim_status] = pod["status"]["resourceClaimStatuses"]
+        claim = get(cluster, "resourceclaim", ns, claim_status["resourceClaimName"])
+        assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+        results = claim["status"]["allocation"]["devices"]["results"]
+        want = 2 if pod["metadata"]["labels"]["pdpair.io/role"] == "prefill" else 1
+        assert len(results) == want, results
+        assert {(r["driver"], r["pool"]) for r in results} == {("gpu.nvidia.com", pod["spec"]["nodeName"])}
+        devices |= {(r["pool"], r["device"]) for r in results}
+    assert len(devices) == 4, f"two pods were given one device: {devices}"
+    with FakeAgents(cluster, ns, "dra"):
+        wait_for("Ready", lambda: ready(cluster, ns, "dra"), timeout=90)
+
+
+def test_dra_on_amd_nodes_uses_the_amd_device_class(cluster: Cluster, ns: str) -> None:
+    """The vendor default: an amd.com/gpu role claims from gpu.amd.com, which only the AMD nodes publish."""
+    amd = {"replicas": 1, "tensorParallelSize": 4,
+           "resources": {"gpuAllocation": "dra", "gpuResourceName": "amd.com/gpu"},
+           "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    apply(cluster, ns, pdpair_yaml("amd", 1, 1, engine={"mode": "sidecar"},
+                                   transfer={"backend": "nixl", "device": "cuda"}, prefill=amd, decode=amd))
+    items = wait_for("2 AMD DRA pods Running", lambda: running(cluster, ns, "amd", 2), timeout=120)
+    for pod in items:
+        assert pod["spec"]["nodeName"].startswith("kwok-amd-node-"), pod["spec"]["nodeName"]
+        [claim] = pod["status"]["resourceClaimStatuses"]
+        results = get(cluster, "resourceclaim", ns, claim["resourceClaimName"])["status"]["allocation"]
+        assert [r["driver"] for r in results["devices"]["results"]] == ["gpu.amd.com"] * 4
+
+
+def test_unallocatable_claim_surfaces_the_schedulers_reason(cluster: Cluster, ns: str) -> None:
+    """A claim from a DeviceClass nobody installed: the scheduler's own reason becomes the Ready reason."""
+    missing = {"gpuAllocation": "dra", "gpuDeviceClassName": "gpu.example.com"}
+    apply(cluster, ns, pdpair_yaml("nocls", 1, 1, prefill={"replicas": 1, "resources": {"gpus": 0}},
+                                   decode={"replicas": 1, "resources": missing}))
+
+    def unschedulable() -> dict[str, Any] | None:
+        cond = condition(pdpair(cluster, ns, "nocls"), "Ready")
+        return cond if cond.get("reason") == "PodsUnschedulable" else None
+
+    cond = wait_for("Ready=False PodsUnschedulable", unschedulable, timeout=90)
+    assert "device class gpu.example.com does not exist" in cond["message"], cond
 
 
 # ---- real agents through the local pod runner ---------------------------------------------------------

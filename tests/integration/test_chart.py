@@ -21,6 +21,7 @@ OPERATOR_RULES = {
     ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
     ("", "services"): {"create", "delete", "get", "list", "watch", "patch"},
     ("", "configmaps"): {"create", "delete", "get", "list", "watch", "patch"},
+    ("resource.k8s.io", "resourceclaimtemplates"): {"create", "delete", "list", "watch"},
     ("", "events"): {"create", "patch"},
 }
 KOPF_CLUSTER_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
