@@ -83,9 +83,19 @@ def open_ipc(handle: bytes, device_id: int) -> tuple[int, Callable[[], None]]:
     return ptr, lambda: cupy.cuda.runtime.ipcCloseMemHandle(ptr)
 
 
+_NO_DEVICE = {100: "no device", 101: "invalid device ordinal"}
+"""cudaErrorNoDevice / cudaErrorInvalidDevice; HIP uses the same codes."""
+
+
 def _open_ipc_ctypes(handle: bytes, device_id: int) -> tuple[int, Callable[[], None]]:
     lib, p = _cudart()
     rc = getattr(lib, f"{p}SetDevice")(ctypes.c_int(device_id))
+    if rc in _NO_DEVICE:
+        raise BadInput(
+            f"{p}SetDevice({device_id}) failed with error {rc} ({_NO_DEVICE[rc]}): this container sees "
+            "no such GPU, so it cannot open the engine's IPC handles; the engine and the agent must share "
+            "the device (in Kubernetes: resources.gpuAllocation 'dra', docs/operator.md)"
+        )
     if rc:
         raise BadInput(f"{p}SetDevice({device_id}) failed with error {rc}")
     ptr = ctypes.c_void_p()
