@@ -42,11 +42,13 @@ from ..codec import (
     encode_metadata,
     encode_registration,
 )
+from ..codec.control import Staged
 from ..errors import IncompatiblePeer, PDPairError
 from .bootstrap import Topology, fetch_topology
 from .control import tcp
 from .liveness import Heartbeats
 from .roles import RoleWorker, Sources, refusal_reason_label
+from .staged import DecodeStaging
 from .synthetic import items_for_tokens
 
 log = logging.getLogger("pdpair.agent.decode")
@@ -91,6 +93,11 @@ class DecodeWorker(RoleWorker):
         tr = self.cfg.transfer
         me = tcp(self.cfg.listen.host, self.inbox.port)
         self.beats = Heartbeats(me, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
+        self.staged = (
+            DecodeStaging(self.staging, self.blobs, me, self.pushers.send)
+            if self.staging is not None
+            else None
+        )
 
     def registration_frames(self) -> list[bytes]:
         sch, blobs = self.schema, self.blobs
@@ -183,6 +190,8 @@ class DecodeWorker(RoleWorker):
             log.error("prefill %s refused us: %s", peer.label, msg.reason)
             self.metrics.record_refusal(peer.label, refusal_reason_label(msg.reason))
             self.status.peer_refused(peer.label, msg.reason, by="peer")
+        elif isinstance(msg, Staged) and self.staged is not None:
+            self.on_staged(peer, msg)
         elif isinstance(msg, Heartbeat):
             peer.last_seen = now
             if peer.state == "down":
@@ -236,10 +245,32 @@ class DecodeWorker(RoleWorker):
                 self.pushers.send(peer.address, [beat])
             elif peer.state in ("registering", "down") and now - peer.last_register > REGISTER_RETRY:
                 peer.last_register = now
+                self.offer_landing(peer)
                 self.pushers.send(peer.address, list(self._reg_frames))
         while self._quarantine and self._quarantine[0][0] <= now:
             self.release(self._quarantine.pop(0)[1])
         self.generate(now)
+
+    # ---- the staged path (agent/staged.py) ------------------------------------------------------
+    def offer_landing(self, peer: PrefillPeer) -> None:
+        """Just before the registration, on the same socket: the landing buffer for ``peer``'s rank."""
+        if self.staged is not None and peer.rank in self.required:
+            frame = self.staged.offer(self.required.index(peer.rank), peer.address)
+            if frame is not None:
+                self.pushers.send(peer.address, [frame])
+
+    def on_staged(self, peer: PrefillPeer, msg: Staged) -> None:
+        """A staged piece landed: scatter it (its ack follows from ``poll_transfers``); a notice this
+        side refuses fails its room, and decode's Abort tells prefill."""
+        assert self.staged is not None
+        j = self.required.index(peer.rank) if peer.rank in self.required else -1
+        refused = self.staged.on_message(j, msg, self.rooms.__contains__, peer.address)
+        if refused is not None:
+            self.finish(self.rooms.fail(refused[0], refused[1]), KVPoll.Failed)
+
+    def poll_transfers(self) -> int:
+        """Finished scatters are acknowledged; returns how many still run (the loop polls them)."""
+        return self.staged.step() if self.staged is not None else 0
 
     def ready_to_send(self) -> bool:
         return bool(self.required) and all(
@@ -361,4 +392,6 @@ class DecodeWorker(RoleWorker):
             for r, p in self.peers.items()
         }
         out["bootstrap_error"] = error
+        if self.staged is not None:
+            out["staged"] = self.staged.snapshot()
         return out

@@ -11,7 +11,9 @@ reason back to decode, and the same reason in logs, metrics and ``/status``) →
 ``PeerLayout`` + prepared pairing → ``Hello`` back as the acceptance.
 Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
 ``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
-component → status Success / Failed to decode.
+component → status Success / Failed to decode. With the staged path on (``agent/staged.py``), a
+decode that offered a landing buffer gets its small-write components gathered, written per slot and
+scattered, and Success waits for decode's last acknowledgement.
 
 One write per component, not one per room: each component's offsets share a large block size (KV
 pages: 20 to 256 KiB, mamba: 1 KiB), but the room as a whole only shares the smallest (64 B aux), and the
@@ -47,13 +49,15 @@ from ..codec import (
     encode_manifest,
     encode_status,
 )
+from ..codec.control import Staged, StagedOffer
 from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, TransferFailed
-from ..planner import PeerLayout, RequestIndices, pairing_for, plan_request
+from ..planner import PeerLayout, RequestIndices, WritePlan, pairing_for, plan_request
 from ..transports import Peer, Transfer, TransferState, Writes
 from .control import tcp
 from .forward import ForwardThread
 from .liveness import Heartbeats
 from .roles import RoleWorker, refusal_reason_label
+from .staged import PrefillStaging
 
 log = logging.getLogger("pdpair.agent.prefill")
 
@@ -77,6 +81,8 @@ class PrefillRoom:
     src: tuple[np.ndarray, int | None, list[np.ndarray | None]]
     pending: dict[int, tuple[Transfer, float, int, int]] = field(default_factory=dict)
     """component id → (transfer, start, bytes, writes)."""
+    staged: tuple[float, WritePlan] | None = None
+    """(start, the part of the plan on the staged path) until decode acknowledged its last piece."""
 
 
 class PrefillWorker(RoleWorker):
@@ -87,6 +93,11 @@ class PrefillWorker(RoleWorker):
         self.forward = ForwardThread(self._fill, self.ctx, self.inbox.wake_address)
         tr = self.cfg.transfer
         self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
+        self.staged = (
+            PrefillStaging(self.staging, self.transport, self.agent_id, self.pushers.send)
+            if self.staging is not None
+            else None
+        )
 
     def start(self, stop: threading.Event) -> None:
         super().start(stop)
@@ -130,7 +141,8 @@ class PrefillWorker(RoleWorker):
             *reg.dst_aux_mem_descs,
             *(b for c in reg.dst_state_mem_descs for b in c),
         ]
-        peer = self.transport.connect(label, reg.engine_desc, blobs)
+        landing = self.staged.landing_blobs(address) if self.staged is not None else []
+        peer = self.transport.connect(label, reg.engine_desc, blobs + landing)
         sizes = [int(s) for s in peer.remote_sizes]
         n_kv, n_aux = len(reg.dst_kv_mem_descs), len(reg.dst_aux_mem_descs)
         state_sizes, at = [], n_kv + n_aux
@@ -156,6 +168,8 @@ class PrefillWorker(RoleWorker):
         except PDPairError:
             self.transport.disconnect(peer)
             raise
+        if self.staged is not None and landing:
+            self.staged.attach(address, peer, landing_region=len(blobs))
         self.peers[address] = DecodePeer(
             label, address, peer, layout, pairing, reg.legacy_flat_state, beats=reg.manifest is not None
         )
@@ -182,6 +196,8 @@ class PrefillWorker(RoleWorker):
             self.transport.disconnect(dp.peer)
         except TransferFailed as exc:
             log.warning("disconnect %s: %s", dp.label, exc)
+        if self.staged is not None:
+            self.staged.detach(dp.address)
         self.metrics.peer_down(dp.label)
         self.status.peer_down(dp.label, reason)
 
@@ -262,40 +278,75 @@ class PrefillWorker(RoleWorker):
         if len(plan) == 0:
             self.finish(self.rooms.advance(key, KVPoll.Success), KVPoll.Success)
             return
-        for comp in np.unique(plan.component).tolist():
-            part = plan.select(plan.component == comp)
+        if self.staged is not None:
+            plan, staged = self.staged.route(dp.address, room.room, plan)
+            if len(staged):
+                room.data.staged = (time.perf_counter(), staged)
+            if len(plan) == 0:
+                return  # every component staged
+        for comp, part in writes_by_component(plan):
             start = time.perf_counter()
             room.data.pending[comp] = (
-                self.transport.write(dp.peer, _writes(part)),
+                self.transport.write(dp.peer, part),
                 start,
-                part.total_bytes,
+                part.nbytes,
                 len(part),
             )
+        self.advance(room)  # writes an engine completes while posting: Success goes out now
 
     def poll_transfers(self) -> int:
         """Advance every in-flight room; returns how many transfers are still running."""
         self.start_writes()
-        running = 0
+        running = self.step_staged() if self.staged is not None else 0
         for room in self.rooms.live():
-            pr: PrefillRoom | None = room.data
-            if pr is None or not pr.pending:
-                continue
-            done = []
-            for comp, (transfer, start, nbytes, writes) in list(pr.pending.items()):
-                state = self.transport.poll(transfer)
-                if state is TransferState.IN_PROGRESS:
-                    running += 1
-                    continue
-                del pr.pending[comp]
-                if state is TransferState.FAILED:
-                    self.transfer_failed(room.key, transfer.error)
-                    break
-                done.append((comp, nbytes, writes, start, time.perf_counter()))
-            if not pr.pending and room.state != KVPoll.Failed:
-                self.finish(self.rooms.advance(room.key, KVPoll.Success), KVPoll.Success)
-            for comp, nbytes, writes, start, end in done:  # after the status frame: off decode's path
-                self.account(comp, room.peer, nbytes, writes, end - start, start, end)
+            running += self.advance(room)
         return running
+
+    def advance(self, room: Any) -> int:
+        """Poll one room's transfers; finish it when all are done. Returns how many still run."""
+        pr: PrefillRoom | None = room.data
+        if pr is None or not (pr.pending or pr.staged):
+            return 0
+        done, running = [], 0
+        for comp, (transfer, start, nbytes, writes) in list(pr.pending.items()):
+            state = self.transport.poll(transfer)
+            if state is TransferState.IN_PROGRESS:
+                running += 1
+                continue
+            del pr.pending[comp]
+            if state is TransferState.FAILED:
+                self.transfer_failed(room.key, transfer.error)
+                break
+            done.append((comp, nbytes, writes, start, time.perf_counter()))
+        staged = pr.staged
+        if not pr.pending and room.state != KVPoll.Failed and self.staged_done(room.key, staged):
+            pr.staged = None
+            self.finish(self.rooms.advance(room.key, KVPoll.Success), KVPoll.Success)
+            if staged is not None:
+                self.account_staged(room.peer, *staged)
+        for comp, nbytes, writes, start, end in done:  # after the status frame: off decode's path
+            self.account(comp, room.peer, nbytes, writes, end - start, start, end)
+        return running
+
+    # ---- the staged path (agent/staged.py) ---------------------------------------------------
+    def step_staged(self) -> int:
+        """Advance the staged pieces, fail the rooms whose pieces failed; returns pieces to poll."""
+        assert self.staged is not None
+        for address, room_id, exc in self.staged.step():
+            self.metrics.record_engine_error("peer_gone" if isinstance(exc, PeerGone) else "staged")
+            self.finish(self.rooms.fail((address, room_id), f"staged transfer failed: {exc}"), KVPoll.Failed)
+        return self.staged.active
+
+    def staged_done(self, key: Any, staged: Any) -> bool:
+        """Decode acknowledged every staged piece of the room (true when it had none)."""
+        return staged is None or self.staged is None or self.staged.done(key[0], key[1])
+
+    def account_staged(self, peer: str, start: float, plan: WritePlan) -> None:
+        end = time.perf_counter()
+        for comp, nbytes in plan.bytes_by_component().items():
+            writes = int(np.count_nonzero(plan.component == comp))
+            self.account(comp, peer, nbytes, writes, end - start, start, end)
+            self.metrics.record_staged(*self.component_name(comp), peer, nbytes)
 
     def transfer_failed(self, key: Any, error: TransferFailed | None) -> None:
         kind = "peer_gone" if isinstance(error, PeerGone) else "transfer"
@@ -311,6 +362,8 @@ class PrefillWorker(RoleWorker):
             for transfer, *_ in pr.pending.values():
                 self.transport.abort(transfer)
             pr.pending.clear()
+            if pr.staged is not None and self.staged is not None:
+                self.staged.drop(room.key[0], room.room)
         if notify:
             address = room.key[0]
             self.send_status(address, room.room, state, room.reason if state == KVPoll.Failed else "")
@@ -325,12 +378,22 @@ class PrefillWorker(RoleWorker):
         )
         self.pushers.send(address, encode_status(msg))
 
+    def snapshot(self) -> dict[str, Any]:
+        out = super().snapshot()
+        if self.staged is not None:
+            out["staged"] = self.staged.snapshot()
+        return out
+
     def on_control(self, frames: list[bytes]) -> None:
         msg = decode_control(frames[0])
         if isinstance(msg, Heartbeat):
             dp = self.peers.get(msg.agent_id)
             if dp is not None:
                 dp.last_seen = time.monotonic()
+        elif isinstance(msg, StagedOffer) and self.staged is not None:
+            self.staged.on_offer(msg)
+        elif isinstance(msg, Staged) and self.staged is not None:
+            self.staged.on_message(msg)
         elif isinstance(msg, Abort):
             for room in [r for r in self.rooms.live() if r.room == msg.room]:
                 self.finish(self.rooms.fail(room.key, f"aborted by decode: {msg.reason}"), KVPoll.Failed)
@@ -349,10 +412,20 @@ class PrefillWorker(RoleWorker):
                 self.pushers.send(dp.address, [beat])
 
 
-def _writes(plan: Any) -> Writes:
-    """Adapter: ``WritePlan``'s frozen arrays do not satisfy ``WriteSpec``'s settable protocol members
-    for mypy (same fields, read-only); normalise through ``Writes.of`` until the protocol says so."""
-    return Writes.of(plan)
+def writes_by_component(plan: WritePlan) -> list[tuple[int, Writes]]:
+    """The plan cut into one ``Writes`` per component. The planner emits each component's rows as one
+    contiguous run, so the cut is slices (views) instead of a boolean mask per component; any other
+    order is grouped with a stable sort first."""
+    comp = plan.component
+    if len(comp) == 0:
+        return []
+    edges = [0, *(np.flatnonzero(comp[1:] != comp[:-1]) + 1).tolist()]
+    ids = comp[edges].tolist()
+    if len(set(ids)) != len(ids):
+        return writes_by_component(plan.select(np.argsort(comp, kind="stable")))  # type: ignore[arg-type]
+    edges.append(len(comp))
+    cols = (plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size)
+    return [(c, Writes(*(col[a:b] for col in cols))) for c, a, b in zip(ids, edges, edges[1:], strict=False)]
 
 
-__all__ = ["PrefillWorker"]
+__all__ = ["PrefillWorker", "writes_by_component"]

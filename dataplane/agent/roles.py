@@ -81,12 +81,15 @@ class RoleWorker(abc.ABC):
         name: str,
         instance: str,
         blobs: list[bytes] | None = None,
+        staging: Any = None,
     ):
         self.cfg, self.schema, self.pools, self.transport = cfg, schema, pools, transport
         self.metrics, self.status, self.stats = metrics, status, StatsBook()
         self.name, self.instance, self.ctx = name, instance, ctx
         self.blobs = list(blobs or [])
         """Descriptor blob of each registered region (canonical order), from ``transport.register``."""
+        self.staging = staging
+        """The staged path's registered buffers (``staged.StagingMemory``), or None: direct writes only."""
         self.agent_id = f"{name}@{instance}"
         self.generation = cfg.identity.generation
         self.manifest = manifest_from_schema(schema, role=self.role, generation=self.generation)  # type: ignore[arg-type]

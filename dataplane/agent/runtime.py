@@ -34,6 +34,7 @@ from .metrics import CONTENT_TYPE, AgentMetrics
 from .pools import MemoryPools
 from .prefill import PrefillWorker
 from .roles import RoleWorker
+from .staged import StagingMemory, staging_enabled
 
 log = logging.getLogger("pdpair.agent.runtime")
 
@@ -66,9 +67,14 @@ class AgentRuntime:
         self.name = cfg.identity.pod_name or f"{cfg.role}-{cfg.tp_rank}"
         self.agent_id = f"{self.name}@{self.instance}"
         self.schema = schema or (pools.schema if pools else schema_from_config(cfg))
-        self.pools = pools or MemoryPools.allocate(self.schema, cfg.transfer.device, cfg.transfer.gpu_id)
+        self.pools = pools or MemoryPools.allocate(
+            self.schema, cfg.transfer.device, cfg.transfer.gpu_id, arena=staging_enabled(cfg)
+        )
+        # The staged path's buffers are registered right after the pools' regions (region ids follow).
+        self.staging = StagingMemory.for_agent(cfg, self.pools)
         self.transport = transport or make_transport(cfg, self.agent_id, transport_sdk)
-        blobs = self.transport.register(self.pools.memory_regions())
+        staging_regions = self.staging.regions() if self.staging is not None else []
+        blobs = self.transport.register(self.pools.memory_regions() + staging_regions)
         self.metrics = AgentMetrics(cfg.role, self.name)
         self.status = AgentStatus(cfg.role, self.name, self.instance, reporter)
         self.ctx = zmq.Context()
@@ -87,6 +93,7 @@ class AgentRuntime:
             name=self.name,
             instance=self.instance,
             blobs=blobs,
+            staging=self.staging,
         )
         self.status.set_probes(self.worker.alive, self.worker.snapshot)
         self.stop_event = threading.Event()

@@ -20,6 +20,7 @@ latency per request: what the agent's control path (two ZMQ hops, planning, acco
 
 from __future__ import annotations
 
+import collections
 import logging
 import multiprocessing as mp
 import os
@@ -33,6 +34,7 @@ import numpy as np
 from .. import planner
 from ..agent.launch import run_pair
 from ..agent.pools import MemoryPools
+from ..agent.prefill import writes_by_component
 from ..agent.synthetic import items_for_tokens
 from ..errors import PDPairError
 from ..schema.profiles import schema_from_config
@@ -62,7 +64,7 @@ def plan_for(schema: Any, layout: Any, decode_schema: Any, tokens: int) -> Any:
 
 
 def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any]:
-    n = cfg.synthetic.requests
+    n, depth = cfg.synthetic.requests, cfg.synthetic.max_inflight
     prefill_schema = schema_from_config(cfg)
     decode_schema = schema_from_config(as_role(cfg, "decode"))
     layout = planner.PeerLayout.from_schema(decode_schema)
@@ -73,13 +75,14 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         first_agent = rep % 2 == 0
         if first_agent:
             agents.append(agent_run(with_requests(cfg, warmup + n)))
-        raws.append(raw_run(cfg, plans, warmup))
+        raws.append(raw_run(cfg, plans, warmup, depth))
         if not first_agent:
             agents.append(agent_run(with_requests(cfg, warmup + n)))
         copies.append(memcpy_run(prefill_schema, decode_schema, plans[warmup:]))
     med = statistics.median
     agent = {k: med(a[k] for a in agents) for k in agents[0]}
     raw = {k: med(r[k] for r in raws) for k in raws[0]}
+    per_request = sum(p.total_bytes for p in plans[warmup:]) / max(1, n)
     return {
         "case": label,
         "requests": n,
@@ -93,10 +96,20 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         "agent_p50_us": round(agent["p50_us"], 1),
         "raw_p50_us": round(raw["p50_us"], 1),
         "overhead_us": round(agent["p50_us"] - raw["p50_us"], 1),
+        "inflight": depth,
+        "amortised_overhead_us": _amortised(per_request, agent["gbps"], raw["gbps"]),
         "ratio_runs": [round(a["gbps"] / r["gbps"], 3) for a, r in zip(agents, raws, strict=True)],
         "overhead_runs_us": [round(a["p50_us"] - r["p50_us"], 1) for a, r in zip(agents, raws, strict=True)],
         "load_1m": [round(x, 2) for x in loads],
     }
+
+
+def _amortised(nbytes: float, agent_gbps: float, raw_gbps: float) -> float | None:
+    """Wall time per request the agent adds at its throughput (what ``inflight`` rooms in flight
+    hide of the latency shows here): bytes per request over each rate, subtracted."""
+    if not agent_gbps or not raw_gbps:
+        return None
+    return round((nbytes / agent_gbps - nbytes / raw_gbps) / 1e3, 1)
 
 
 def agent_run(cfg: Any, tries: int = 3) -> dict[str, float]:
@@ -136,7 +149,7 @@ def _target(cfg: Any, conn: Any) -> None:
     transport.close()
 
 
-def raw_run(cfg: Any, plans: list[Any], warmup: int) -> dict[str, float]:
+def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str, float]:
     _quiet_nixl()
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
@@ -148,15 +161,10 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int) -> dict[str, float]:
         with NixlTransport("bench-raw-initiator", cfg.transfer.nixl) as transport:
             transport.register(pools.memory_regions())
             peer = transport.connect("target", endpoint, blobs)
-            parts = [_per_component(plan) for plan in plans]
-            for writes in parts[:warmup]:
-                _write_all(transport, peer, writes)
-            times = []
+            parts = [[w for _, w in writes_by_component(plan)] for plan in plans]
+            _pipeline(transport, peer, parts[:warmup], depth)
             start = time.perf_counter()
-            for writes in parts[warmup:]:
-                t = time.perf_counter()
-                _write_all(transport, peer, writes)
-                times.append(time.perf_counter() - t)
+            times = _pipeline(transport, peer, parts[warmup:], depth)
             elapsed = time.perf_counter() - start
         here.send("stop")
     finally:
@@ -165,16 +173,26 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int) -> dict[str, float]:
     return {"gbps": total / elapsed / 1e9, "p50_us": statistics.median(times) * 1e6}
 
 
-def _per_component(plan: Any) -> list[Any]:
-    """The writes the agent issues for this plan: one per component (``agent.prefill`` says why)."""
-    return [plan.select(plan.component == c) for c in np.unique(plan.component).tolist()]
+def _pipeline(transport: Any, peer: Any, requests: list[list[Any]], depth: int) -> list[float]:
+    """Post each request's writes (one per component) with up to ``depth`` requests outstanding, as
+    the agent keeps ``maxInflight`` rooms; returns each request's time from post to seen complete."""
+    deadline = time.monotonic() + 60
+    outstanding: collections.deque[tuple[float, list[Any]]] = collections.deque()
+    times = []
+    for writes in requests:
+        while len(outstanding) >= depth:
+            times.append(_finish(transport, outstanding.popleft(), deadline))
+        outstanding.append((time.perf_counter(), [transport.write(peer, w) for w in writes]))
+    while outstanding:
+        times.append(_finish(transport, outstanding.popleft(), deadline))
+    return times
 
 
-def _write_all(transport: Any, peer: Any, writes: list[Any]) -> None:
-    """Post every write, then wait for each: what the agent does for one room, minus the agent."""
-    deadline = time.monotonic() + 30
-    for transfer in [transport.write(peer, w) for w in writes]:
+def _finish(transport: Any, posted: tuple[float, list[Any]], deadline: float) -> float:
+    start, transfers = posted
+    for transfer in transfers:
         transport.wait(transfer, deadline)
+    return time.perf_counter() - start
 
 
 def memcpy_run(src_schema: Any, dst_schema: Any, plans: list[Any]) -> float:

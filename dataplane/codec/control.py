@@ -17,9 +17,9 @@ import msgspec
 
 from ..errors import WireFormatError
 
+MAX_CONTROL_BYTES = 1 << 20
 NonNeg = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Text = Annotated[str, msgspec.Meta(max_length=64 * 1024)]
-MAX_CONTROL_BYTES = 1 << 20
 
 
 class _Control(msgspec.Struct, frozen=True, tag_field="type"):
@@ -56,14 +56,34 @@ class Abort(_Control, frozen=True, tag="abort"):
     reason: Text = ""
 
 
-ControlMessage = Hello | Refused | Heartbeat | Abort
+class StagedOffer(_Control, frozen=True, tag="staged_offer"):
+    """Decode → prefill, sent just before its registration on the same socket: a landing buffer for
+    staged writes (``region``: the transport's descriptor blob of it; ``slots`` x ``slot_bytes``).
+    A prefill that accepts appends the blob to the registration's regions; a peer that never sends
+    one (plain sglang) gets direct writes only."""
+
+    agent_id: Text
+    region: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)]
+    slots: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+    slot_bytes: Annotated[int, msgspec.Meta(ge=1, le=1 << 40)]
+
+
+class Staged(_Control, frozen=True, tag="staged_msg"):
+    """One staged-path message between paired agents: ``payload`` is a notice (prefill → decode) or
+    an acknowledgement (decode → prefill), encoded by ``dataplane.staging.encode_staged``."""
+
+    agent_id: Text
+    payload: Annotated[bytes, msgspec.Meta(max_length=MAX_CONTROL_BYTES - 1024)]
+
+
+ControlMessage = Hello | Refused | Heartbeat | Abort | StagedOffer | Staged
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER: msgspec.msgpack.Decoder[ControlMessage] = msgspec.msgpack.Decoder(ControlMessage)
 
 
 def encode_control(msg: ControlMessage) -> bytes:
-    if not isinstance(msg, Hello | Refused | Heartbeat | Abort):
+    if not isinstance(msg, Hello | Refused | Heartbeat | Abort | StagedOffer | Staged):
         raise WireFormatError(f"not a control message: {type(msg).__name__}")
     return _ENCODER.encode(msg)
 

@@ -102,7 +102,7 @@ class TorchStager:
         if count is None and key in self._views:
             return self._views[key]
         dtype, width = self._dtype(buf.data_ptr() + offset, chunk)
-        view = buf[offset:offset + n * chunk].view(dtype).view(n, chunk // width)
+        view = buf[offset : offset + n * chunk].view(dtype).view(n, chunk // width)
         if count is None:
             self._views[key] = view
         return view

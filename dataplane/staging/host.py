@@ -47,4 +47,4 @@ class HostStager:
         n = (len(buf) - offset) // chunk if count is None else count
         if chunk <= 0 or offset % chunk or n < 0 or offset + n * chunk > len(buf):
             raise BadInput(f"staging: {n} rows of {chunk} B from {offset} do not fit {len(buf)} bytes")
-        return buf[offset:offset + n * chunk].reshape(n, chunk)
+        return buf[offset : offset + n * chunk].reshape(n, chunk)

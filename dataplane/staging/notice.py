@@ -47,8 +47,14 @@ class StagedNotice(msgspec.Struct, frozen=True, tag="staged"):
     @classmethod
     def of(cls, room: int, seq: int, pieces: int, slot: int, chunk: int, runs: Runs) -> StagedNotice:
         return cls(
-            room, seq, pieces, slot, chunk, runs.rows * chunk,
-            runs.region.astype("<i4").tobytes(), runs.start.astype("<i8").tobytes(),
+            room,
+            seq,
+            pieces,
+            slot,
+            chunk,
+            runs.rows * chunk,
+            runs.region.astype("<i4").tobytes(),
+            runs.start.astype("<i8").tobytes(),
             runs.count.astype("<i8").tobytes(),
         )
 
@@ -62,8 +68,10 @@ class StagedNotice(msgspec.Struct, frozen=True, tag="staged"):
         if not len(region) == len(start) == len(count):
             raise WireFormatError("staged notice: run arrays differ in length")
         if self.chunk <= 0 or int(count.sum()) * self.chunk != self.nbytes:
-            raise WireFormatError(f"staged notice: runs cover {int(count.sum())} rows of {self.chunk} B, "
-                                  f"not the {self.nbytes} bytes announced")
+            raise WireFormatError(
+                f"staged notice: runs cover {int(count.sum())} rows of {self.chunk} B, "
+                f"not the {self.nbytes} bytes announced"
+            )
         if not 0 <= self.seq < self.pieces:
             raise WireFormatError(f"staged notice: piece {self.seq} of {self.pieces}")
         return Runs(region, start, count)

@@ -36,21 +36,27 @@ class PathChoice:
 
 
 def choose_paths(
-    plan: WritePlan, threshold: float = DEFAULT_THRESHOLD, *, per_request: bool = False,
+    plan: WritePlan,
+    threshold: float = DEFAULT_THRESHOLD,
+    *,
+    per_request: bool = False,
     force: Path | None = None,
+    min_writes: int = 1,
 ) -> PathChoice:
-    """Stage a component when its mean write is under ``threshold`` bytes (``threshold=0``: all
-    direct; ``math.inf``: all staged; ``force`` overrides either way). ``per_request`` decides once
-    from the whole plan's mean write."""
+    """Stage a component when its mean write is under ``threshold`` bytes and it has at least
+    ``min_writes`` writes (``threshold=0``: all direct; ``math.inf``: all staged; ``force`` overrides
+    either way). A staged piece pays a fixed round (gather, write, notice, scatter, ack: 2-3 ms in
+    the agents on an H200, docs/gpu.md) that only many per-write costs (about 9 us each there) repay,
+    so a 64-byte aux slot goes direct. ``per_request`` decides once from the whole plan's mean write."""
     if len(plan) == 0:
         return PathChoice({}, plan, plan)
     ids, inverse, counts = np.unique(plan.component, return_inverse=True, return_counts=True)
     sums = np.zeros(len(ids), dtype=np.float64)
     np.add.at(sums, inverse, plan.size)
     if per_request:
-        staged_ids = np.full(len(ids), plan.total_bytes / len(plan) < threshold)
+        staged_ids = np.full(len(ids), plan.total_bytes / len(plan) < threshold and len(plan) >= min_writes)
     else:
-        staged_ids = sums / counts < threshold
+        staged_ids = (sums / counts < threshold) & (counts >= min_writes)
     if force is not None:
         staged_ids[:] = force == "staged"
     paths: dict[int, Path] = {

@@ -67,7 +67,7 @@ class SlotPool:
         """The slot's bytes as a slice of the buffer (same type as the buffer)."""
         if self.buffer is None:
             raise BadInput("staging: this pool has no buffer (credit-only)")
-        return self.buffer[slot * self.slot_bytes:(slot + 1) * self.slot_bytes]
+        return self.buffer[slot * self.slot_bytes : (slot + 1) * self.slot_bytes]
 
 
 def _nbytes(buf: Any) -> int:
