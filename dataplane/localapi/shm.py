@@ -62,7 +62,7 @@ class SharedPools:
             path = os.path.join(SHM_DIR, self.shm_name)
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.ftruncate(self.fd, self.size)
-        self._mm: mmap.mmap | None = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED)
+        self._mm: mmap.mmap | None = _huge(mmap.mmap(self.fd, self.size, mmap.MAP_SHARED))
         self.buffers = [
             np.frombuffer(self._mm, dtype=np.uint8, count=size, offset=off)
             for (_, _, _, size), off in zip(regions, offsets, strict=True)
@@ -129,12 +129,24 @@ class Mapping:
         return True
 
 
+def _huge(mm: mmap.mmap) -> mmap.mmap:
+    """Ask for transparent huge pages on a pool mapping. The agent's own (numpy) pools get them by
+    default; shared memory only where the host allows it (``/sys/kernel/mm/transparent_hugepage/
+    shmem_enabled`` = ``advise`` or ``within_size``) — with 4 KiB pages a 16 MiB copy between two
+    shared pools ran at half the speed of the same copy between the agent's own pools."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):
+            mm.madvise(advice)
+    return mm
+
+
 def map_fd(fd: int, label: str) -> Mapping:
     """Map a whole shared object by descriptor (read-write, shared). The caller closes ``fd``."""
     size = os.fstat(fd).st_size
     if size <= 0:
         raise BadInput(f"{label}: shared object is empty")
-    return Mapping(mmap.mmap(fd, size, mmap.MAP_SHARED), label)
+    return Mapping(_huge(mmap.mmap(fd, size, mmap.MAP_SHARED)), label)
 
 
 def map_named(name: str) -> Mapping:
