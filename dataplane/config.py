@@ -143,6 +143,10 @@ class SyntheticConfig(_Base, frozen=True):
     tokens: tuple[int, ...] = (1024,)
     """Token lengths of successive requests, cycled; 0 = an all-empty request."""
     max_inflight: int = 4
+    warmup: int = 0
+    """The first rooms left out of the transfer statistics (``/status`` components, window, latency):
+    they pay one-time costs (connection wire-up, prepared descriptor lists, first-touch page faults)
+    that a benchmark's raw-engine baseline also leaves out. Metrics still count them."""
     verify: bool = True
     """Decode checks every received byte against the deterministic fill; false also skips prefill's
     fill (benchmarks measure the transfer alone)."""

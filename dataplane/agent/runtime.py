@@ -10,6 +10,7 @@ without patching anything) and a pod-condition reporter. ``start`` returns once 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -125,6 +126,10 @@ class AgentRuntime:
             )
         elif self.cfg.role == "prefill":
             threading.Thread(target=self._announce, name="pdpair-announce", daemon=True).start()
+        # Start-up's objects (modules, pools, tables) never die: frozen, they are not walked again
+        # by the full collections that would otherwise stall a room now and then.
+        gc.collect()
+        gc.freeze()
         self.worker.start(self.stop_event)
         log.info("agent %s (%s) up: %s", self.agent_id, self.cfg.role, json.dumps(self.ports))
         return self

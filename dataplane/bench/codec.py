@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -113,6 +114,18 @@ class Inputs:
     def peer(self) -> PeerLayout:
         return PeerLayout.from_schema(self.peer_schema)
 
+    @cached_property
+    def state_lists(self) -> tuple[list[int], list[int], list[int]]:
+        """Component 0's (item lens, layer ids) on this side and its layer ids on the peer's, as the
+        plain lists sglang's sender holds in its ``kv_args`` from registration on (built once here:
+        the schema's properties build them on every access, which is no part of sglang's per-request
+        work)."""
+        return (
+            self.local.state_item_lens[0],
+            self.local.state_layer_ids[0],
+            self.peer_schema.state_layer_ids[0],
+        )
+
     def request(self) -> RequestIndices:
         return RequestIndices(
             self.src_kv, self.dst_kv, 3, 5, [np.array([SLOT], np.int32)], [np.array([SLOT + 1], np.int32)]
@@ -187,8 +200,8 @@ def sglang_plan(ref: ModuleType, inp: Inputs) -> list[Any]:
     kv_plan = ref.GroupedIndexPlan.from_groups(*ref.group_concurrent_contiguous(inp.src_kv, inp.dst_kv))
     out = [kv_plan.materialize(inp.local.kv.item_len)]
     out += [([3 * n], [5 * n], [n]) for n in inp.local.aux.item_lens]
-    lens, ids = inp.local.state_item_lens[0], inp.local.state_layer_ids[0]
-    for i, _ in ref.build_transfer_entry_pairs(ids, inp.peer_schema.state_layer_ids[0], len(lens), len(lens)):
+    lens, ids, peer_ids = inp.state_lists
+    for i, _ in ref.build_transfer_entry_pairs(ids, peer_ids, len(lens), len(lens)):
         out.append([(SLOT * lens[i], (SLOT + 1) * lens[i], lens[i])])
     return out
 
@@ -209,9 +222,8 @@ def sglang_plan_tp(ref: ModuleType, inp: Inputs) -> list[Any]:
     )
     out = [ref._build_tp_slice_transfer_plan(None, inp.src_kv, inp.dst_kv, cfg)]
     comp, pcomp = inp.local.components[0], peer.components[0]
-    for i, j in ref.build_transfer_entry_pairs(
-        inp.local.state_layer_ids[0], peer.state_layer_ids[0], len(comp.tensors), len(pcomp.tensors)
-    ):
+    _, ids, peer_ids = inp.state_lists
+    for i, j in ref.build_transfer_entry_pairs(ids, peer_ids, len(comp.tensors), len(pcomp.tensors)):
         t, pt = comp.tensors[i], pcomp.tensors[j]
         out.append(
             ref.compute_mamba_state_slice_byte_blocks(

@@ -4,14 +4,16 @@ vs a plain memcpy of the same bytes, side by side in one run, on identical NIXL/
 Per case (a block size, or a model profile's request mix) and per repetition (agent and raw take turns
 going first, so drift in the machine's load hits both alike):
 
-- agent: a prefill and a decode agent as two processes (``pdpair-agent run``, verification off), one
-  room in flight; ``warmup`` + ``requests`` rooms. Latency per request = the median room time on decode
-  (metadata sent → Success received); throughput = bytes over decode's transfer window (first metadata
-  sent → last Success, warm-up rooms included: it cannot be split off from outside the process);
+- agent: a prefill and a decode agent as two processes (``pdpair-agent run``, verification off),
+  ``maxInflight`` rooms in flight; ``warmup`` + ``requests`` rooms, the warm-up rooms left out of decode's
+  statistics (``synthetic.warmup``). Latency per request = the median room time on decode (metadata
+  sent → Success received); throughput = bytes over decode's transfer window (first counted metadata
+  sent → last Success);
 - raw engine: this process writes the identical ``WritePlan`` of every request, cut exactly as the
-  agent cuts it (one write per component, all posted, then waited for), through the bare
-  ``NixlTransport.write`` + ``wait`` to a second process that only registered the decode layout; the
-  ``warmup`` first requests untimed, then each request timed (median) and the whole loop (throughput);
+  agent cuts it (one write per component), through the bare ``NixlTransport.write`` + ``wait`` to a
+  second process that only registered the decode layout, with up to ``maxInflight`` requests
+  outstanding; the ``warmup`` first requests untimed, then each request timed from post to seen
+  complete (median) and the whole loop (throughput);
 - memcpy: numpy copies of the same blocks in this process (the machine's limit).
 
 Each figure is the median over the repetitions. ``overhead_us`` = agent median latency minus raw median
@@ -45,8 +47,9 @@ def as_role(cfg: Any, role: str) -> Any:
     return msgspec.structs.replace(cfg, role=role)
 
 
-def with_requests(cfg: Any, requests: int) -> Any:
-    return msgspec.structs.replace(cfg, synthetic=msgspec.structs.replace(cfg.synthetic, requests=requests))
+def with_requests(cfg: Any, requests: int, warmup: int = 0) -> Any:
+    syn = msgspec.structs.replace(cfg.synthetic, requests=requests, warmup=warmup)
+    return msgspec.structs.replace(cfg, synthetic=syn)
 
 
 def tokens_of(cfg: Any, n: int) -> list[int]:
@@ -74,10 +77,10 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         loads.append(os.getloadavg()[0])
         first_agent = rep % 2 == 0
         if first_agent:
-            agents.append(agent_run(with_requests(cfg, warmup + n)))
+            agents.append(agent_run(with_requests(cfg, warmup + n, warmup)))
         raws.append(raw_run(cfg, plans, warmup, depth))
         if not first_agent:
-            agents.append(agent_run(with_requests(cfg, warmup + n)))
+            agents.append(agent_run(with_requests(cfg, warmup + n, warmup)))
         copies.append(memcpy_run(prefill_schema, decode_schema, plans[warmup:]))
     med = statistics.median
     agent = {k: med(a[k] for a in agents) for k in agents[0]}

@@ -162,9 +162,13 @@ def _at(lists: Sequence[Sequence[int]], i: int) -> Sequence[int]:
     return lists[i] if i < len(lists) else ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RequestIndices:
-    """One request's indices on both sides. ``None`` for a component means "nothing to send"."""
+    """One request's indices on both sides. ``None`` for a component means "nothing to send".
+
+    Built once per request on the agent's hot path, so ``__init__`` fills the instance dict in one
+    pass instead of the frozen dataclass's six ``object.__setattr__`` calls (half its cost, about
+    a numpy call); the fields, equality, ``repr`` and immutability are the dataclass's."""
 
     src_kv: IndexArray
     dst_kv: IndexArray
@@ -172,6 +176,23 @@ class RequestIndices:
     dst_aux: int | None = None
     src_state: Sequence[IndexArray | None] | None = None
     dst_state: Sequence[IndexArray | None] | None = None
+
+    def __init__(
+        self,
+        src_kv: IndexArray,
+        dst_kv: IndexArray,
+        src_aux: int | None = None,
+        dst_aux: int | None = None,
+        src_state: Sequence[IndexArray | None] | None = None,
+        dst_state: Sequence[IndexArray | None] | None = None,
+    ) -> None:
+        d = self.__dict__
+        d["src_kv"] = src_kv
+        d["dst_kv"] = dst_kv
+        d["src_aux"] = src_aux
+        d["dst_aux"] = dst_aux
+        d["src_state"] = src_state
+        d["dst_state"] = dst_state
 
     @classmethod
     def of(

@@ -183,3 +183,36 @@ def test_common_shape_declines_what_it_does_not_cover() -> None:
         assert pr.common.plan(bad) is None
         with pytest.raises(PlanError, match=side):
             plan_request(LOCAL, PEER, bad)
+
+
+def test_decoded_metadata_takes_the_common_shape() -> None:
+    """What the agent's prefill side plans from (``decode_metadata`` → ``RequestIndices``) has the
+    common shape: the decoded arrays (int32, contiguous, writeable, native order) take the one-pass
+    path, which writes what the general path writes."""
+    from dataplane.codec import TransferMetadata, decode_metadata, encode_metadata
+
+    rng = np.random.default_rng(11)
+    src = rng.permutation(PEER.kv[0].num_items)[:40].astype(np.int32)
+    dst = rng.permutation(PEER.kv[0].num_items)[:40].astype(np.int32)
+    md = decode_metadata(
+        encode_metadata(
+            TransferMetadata(
+                room=7,
+                endpoint="10.0.0.2",
+                dst_port=4000,
+                engine_key="decode-0",
+                dst_kv_indices=dst,
+                dst_aux_index=2,
+                dst_state_indices=(np.array([5], np.int32),),
+            )
+        )
+    )
+    req = RequestIndices(
+        src, md.dst_kv_indices, 1, md.dst_aux_index, [np.array([3], np.int32)], list(md.dst_state_indices)
+    )
+    pr = pairing_for(LOCAL, PEER)
+    assert pr.common is not None
+    fast = pr.common.plan(req)
+    assert fast is not None
+    assert fast.rows() == plan_parts(pr, req).rows()
+    assert req == replace(req) and req.dst_kv is md.dst_kv_indices
