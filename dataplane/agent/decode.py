@@ -48,7 +48,7 @@ from .bootstrap import Topology, fetch_topology
 from .control import tcp
 from .liveness import Heartbeats
 from .roles import RoleWorker, Sources, refusal_reason_label
-from .staged import DecodeStaging
+from .staged_roles import DecodeStaging
 from .synthetic import items_for_tokens
 
 log = logging.getLogger("pdpair.agent.decode")

@@ -57,7 +57,7 @@ from .control import tcp
 from .forward import ForwardThread
 from .liveness import Heartbeats
 from .roles import RoleWorker, refusal_reason_label
-from .staged import PrefillStaging
+from .staged_roles import PrefillStaging
 
 log = logging.getLogger("pdpair.agent.prefill")
 

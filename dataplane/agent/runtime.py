@@ -35,7 +35,7 @@ from .metrics import CONTENT_TYPE, AgentMetrics
 from .pools import MemoryPools
 from .prefill import PrefillWorker
 from .roles import RoleWorker
-from .staged import StagingMemory, staging_enabled
+from .staging_memory import StagingMemory, staging_enabled
 
 log = logging.getLogger("pdpair.agent.runtime")
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from dataplane.agent.pools import MemoryPools
-from dataplane.agent.staged import DecodeStaging, StagingMemory, _padded
+from dataplane.agent.staged import _padded
+from dataplane.agent.staged_roles import DecodeStaging
+from dataplane.agent.staging_memory import StagingMemory
 from dataplane.codec.control import MAX_CONTROL_BYTES, Staged, StagedOffer, decode_control, encode_control
 from dataplane.config import StagedConfig
 from dataplane.errors import BadInput, TransferFailed
