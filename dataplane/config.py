@@ -45,6 +45,9 @@ class ModelConfig(_Base, frozen=True):
     """KV pages (and paged-state pages) each rank allocates."""
     max_requests: int = 64
     """Slots for per-request state (mamba, aux)."""
+    prefault: bool = False
+    """Touch every page of host pools at start-up, as a serving engine's long-lived cache is, so no
+    room pays first-touch page faults (benchmarks set it); off, pages are mapped on first use."""
     kv_item_len: int | None = None
     """Explicit-components mode only: bytes of one KV page of one buffer."""
     kv_layers: int = 0

@@ -45,19 +45,21 @@ class MemoryPools:
 
     @classmethod
     def allocate(
-        cls, schema: RoleSchema, device: Device = "cpu", gpu_id: int = 0, *, arena: bool = False
+        cls, schema: RoleSchema, device: Device = "cpu", gpu_id: int = 0, *, arena: bool = False,
+        prefault: bool = False,
     ) -> MemoryPools:
         """Fresh zeroed buffers: numpy on the host, torch uint8 tensors on ``cuda:gpu_id``. With
         ``arena``, one allocation holds every region (bases aligned to ``ARENA_ALIGN``) and the regions
-        are views of it, so one staging kernel can gather rows of several components."""
+        are views of it, so one staging kernel can gather rows of several components. ``prefault``
+        writes every host page now instead of on first use."""
         sizes = [r.size for r in schema.regions()]
         if arena:
             bases = _aligned_bases(sizes)
-            whole = _zeros(bases[-1] + sizes[-1] if sizes else 1, device, gpu_id)
+            whole = _zeros(bases[-1] + sizes[-1] if sizes else 1, device, gpu_id, prefault)
             pools = cls(schema, [whole[b:b + n] for b, n in zip(bases, sizes, strict=True)], device, gpu_id)
             pools.arena, pools.bases = whole, np.array(bases, dtype=np.int64)
             return pools
-        return cls(schema, [_zeros(n, device, gpu_id) for n in sizes], device, gpu_id)
+        return cls(schema, [_zeros(n, device, gpu_id, prefault) for n in sizes], device, gpu_id)
 
     @classmethod
     def adopt(
@@ -123,12 +125,16 @@ def _aligned_bases(sizes: Sequence[int]) -> list[int]:
     return bases
 
 
-def _zeros(nbytes: int, device: Device, gpu_id: int) -> Any:
+def _zeros(nbytes: int, device: Device, gpu_id: int, prefault: bool = False) -> Any:
     if device == "cuda":
         import torch  # the agent needs torch only for device memory
 
         return torch.zeros(nbytes, dtype=torch.uint8, device=torch.device("cuda", gpu_id))
-    return np.zeros(nbytes, dtype=np.uint8)
+    if not prefault:
+        return np.zeros(nbytes, dtype=np.uint8)  # calloc: pages mapped (zero) on first touch
+    buf = np.empty(nbytes, dtype=np.uint8)
+    buf.fill(0)
+    return buf
 
 
 def _nbytes(buf: Any) -> int:

@@ -10,7 +10,6 @@ without patching anything) and a pod-condition reporter. ``start`` returns once 
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -69,7 +68,8 @@ class AgentRuntime:
         self.agent_id = f"{self.name}@{self.instance}"
         self.schema = schema or (pools.schema if pools else schema_from_config(cfg))
         self.pools = pools or MemoryPools.allocate(
-            self.schema, cfg.transfer.device, cfg.transfer.gpu_id, arena=staging_enabled(cfg)
+            self.schema, cfg.transfer.device, cfg.transfer.gpu_id, arena=staging_enabled(cfg),
+            prefault=cfg.model.prefault,
         )
         # The staged path's buffers are registered right after the pools' regions (region ids follow).
         self.staging = StagingMemory.for_agent(cfg, self.pools)
@@ -126,10 +126,6 @@ class AgentRuntime:
             )
         elif self.cfg.role == "prefill":
             threading.Thread(target=self._announce, name="pdpair-announce", daemon=True).start()
-        # Start-up's objects (modules, pools, tables) never die: frozen, they are not walked again
-        # by the full collections that would otherwise stall a room now and then.
-        gc.collect()
-        gc.freeze()
         self.worker.start(self.stop_event)
         log.info("agent %s (%s) up: %s", self.agent_id, self.cfg.role, json.dumps(self.ports))
         return self

@@ -57,12 +57,15 @@ def tokens_of(cfg: Any, n: int) -> list[int]:
     return [toks[i % len(toks)] for i in range(n)]
 
 
-def plan_for(schema: Any, layout: Any, decode_schema: Any, tokens: int) -> Any:
-    """The plan the agent makes for this request with one room in flight (items from index 0)."""
+def plan_for(schema: Any, layout: Any, decode_schema: Any, tokens: int, slot: int = 0) -> Any:
+    """The plan the agent makes for this request when it holds the ``slot``-th set of items: rooms in
+    flight hold distinct items, so the raw engine cycles through as many sets as the agent has rooms in
+    flight and touches as much memory (one set for all requests would keep the raw engine's pages hot
+    in cache and free of first-touch faults that the agent pays)."""
     c = items_for_tokens(decode_schema, tokens)
-    kv = np.arange(c.kv, dtype=np.int32)
-    state = [np.arange(n, dtype=np.int32) for n in c.state]
-    aux = 0 if c.aux else None
+    kv = np.arange(c.kv, dtype=np.int32) + slot * c.kv
+    state = [np.arange(n, dtype=np.int32) + slot * n for n in c.state]
+    aux = slot if c.aux else None
     return planner.plan_request(schema, layout, planner.RequestIndices(kv, kv, aux, aux, state, state))
 
 
@@ -71,7 +74,8 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
     prefill_schema = schema_from_config(cfg)
     decode_schema = schema_from_config(as_role(cfg, "decode"))
     layout = planner.PeerLayout.from_schema(decode_schema)
-    plans = [plan_for(prefill_schema, layout, decode_schema, t) for t in tokens_of(cfg, warmup + n)]
+    sizes = tokens_of(cfg, warmup + n)
+    plans = [plan_for(prefill_schema, layout, decode_schema, t, i % depth) for i, t in enumerate(sizes)]
     agents, raws, copies, loads = [], [], [], []
     for rep in range(repeat):
         loads.append(os.getloadavg()[0])
@@ -144,7 +148,7 @@ def _quiet_nixl() -> None:
 def _target(cfg: Any, conn: Any) -> None:
     """The raw engine's passive side: register the decode layout, hand out its blobs, wait."""
     _quiet_nixl()
-    pools = MemoryPools.allocate(schema_from_config(as_role(cfg, "decode")))
+    pools = MemoryPools.allocate(schema_from_config(as_role(cfg, "decode")), prefault=True)
     transport = NixlTransport("bench-raw-target", cfg.transfer.nixl)
     blobs = transport.register(pools.memory_regions())
     conn.send((transport.endpoint(), blobs))
@@ -160,7 +164,7 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str
     child.start()
     try:
         endpoint, blobs = here.recv()
-        pools = MemoryPools.allocate(schema_from_config(cfg))
+        pools = MemoryPools.allocate(schema_from_config(cfg), prefault=True)
         with NixlTransport("bench-raw-initiator", cfg.transfer.nixl) as transport:
             transport.register(pools.memory_regions())
             peer = transport.connect("target", endpoint, blobs)
@@ -200,7 +204,8 @@ def _finish(transport: Any, posted: tuple[float, list[Any]], deadline: float) ->
 
 def memcpy_run(src_schema: Any, dst_schema: Any, plans: list[Any]) -> float:
     """numpy copies of exactly the planned blocks, between two host pools in this process."""
-    src, dst = MemoryPools.allocate(src_schema), MemoryPools.allocate(dst_schema)
+    src = MemoryPools.allocate(src_schema, prefault=True)
+    dst = MemoryPools.allocate(dst_schema, prefault=True)
     fields = ("local_region", "local_offset", "remote_region", "remote_offset", "size")
     rows = [list(zip(*(getattr(p, f).tolist() for f in fields), strict=True)) for p in plans]
     start = time.perf_counter()

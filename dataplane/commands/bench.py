@@ -95,7 +95,7 @@ def block_config(block: int, requests: int, nixl: Any = None, inflight: int = 1)
     return AgentConfig(
         model=ModelConfig(
             name=f"block-{block}", profile=None, kv_item_len=block, kv_layers=1, page_size=16,
-            pool_pages=pages, max_requests=max(8, 2 * inflight),
+            pool_pages=pages, max_requests=max(8, 2 * inflight), prefault=True,
         ),
         transfer=_transfer(nixl or NixlConfig()),
         synthetic=SyntheticConfig(
@@ -109,7 +109,8 @@ def mix_config(profile: str, requests: int, nixl: Any = None, inflight: int = 1)
 
     return AgentConfig(
         model=ModelConfig(
-            profile=profile, pool_pages=128 * max(4, inflight), max_requests=max(16, 2 * inflight)
+            profile=profile, pool_pages=128 * max(4, inflight), max_requests=max(16, 2 * inflight),
+            prefault=True,
         ),
         transfer=_transfer(nixl or NixlConfig()),
         synthetic=SyntheticConfig(

@@ -59,7 +59,7 @@ class SyntheticEngineProcess:
             self.shared: SharedPools | CudaPools = CudaPools(regions, cfg.transfer.gpu_id)
             self.pools = MemoryPools.adopt(self.schema, self.shared.buffers, "cuda", cfg.transfer.gpu_id)
         else:
-            self.shared = SharedPools(regions, mode=shm_mode)
+            self.shared = SharedPools(regions, mode=shm_mode, prefault=cfg.model.prefault)
             self.pools = MemoryPools.adopt(self.schema, self.shared.buffers)
         self.synthetic = SyntheticEngine(self.pools)
         manifest = manifest_from_schema(self.schema, role=self.role, generation=cfg.identity.generation)

@@ -46,8 +46,10 @@ class SharedPools:
         *,
         mode: Literal["fd", "shm"] = "fd",
         name: str | None = None,
+        prefault: bool = False,
     ):
-        """``regions``: (name, component, tensor, size) per region, in the schema's canonical order."""
+        """``regions``: (name, component, tensor, size) per region, in the schema's canonical order.
+        ``prefault`` writes every page now (``model.prefault``) instead of on first use."""
         if mode not in ("fd", "shm"):
             raise BadInput(f"shared pools mode must be 'fd' or 'shm', got {mode!r}")
         offsets, total = [], 0
@@ -63,6 +65,8 @@ class SharedPools:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.ftruncate(self.fd, self.size)
         self._mm: mmap.mmap | None = _huge(mmap.mmap(self.fd, self.size, mmap.MAP_SHARED))
+        if prefault:
+            np.frombuffer(self._mm, dtype=np.uint8).fill(0)
         self.buffers = [
             np.frombuffer(self._mm, dtype=np.uint8, count=size, offset=off)
             for (_, _, _, size), off in zip(regions, offsets, strict=True)
