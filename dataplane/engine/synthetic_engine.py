@@ -86,6 +86,7 @@ class SyntheticEngineProcess:
         self.api_seconds = 0.0
         self.api_calls = 0
         self.first_start = self.last_end = 0.0
+        self.warm: set[int] = set()
 
     # ---- items ---------------------------------------------------------------------------------
     def take(self, kv: int, aux: bool, state: tuple[int, ...]) -> Items | None:
@@ -199,16 +200,21 @@ class SyntheticEngineProcess:
         except (AgentUnavailable, LocalApiError):
             self.give(items)
             raise
-        self.timed(start)
-        self.made += 1
-        self.inflight[room] = (items, start)
+        self.started_room(room, items, start)
         return True
 
-    def timed(self, start: float) -> None:
-        """Account one local API request: its call time, and the start of the transfer window."""
+    def started_room(self, room: int, items: Items, start: float) -> None:
+        """Account one local API request (its call time) and track its room. The first
+        ``synthetic.warmup`` rooms stay out of the transfer window and bytes: they wait for the agents
+        to pair and pay one-time costs."""
         self.api_seconds += time.perf_counter() - start
         self.api_calls += 1
-        self.first_start = self.first_start or start
+        if self.made < self.cfg.synthetic.warmup:
+            self.warm.add(room)
+        else:
+            self.first_start = self.first_start or start
+        self.made += 1
+        self.inflight[room] = (items, start)
 
     def send_ahead(self, ntokens: int) -> bool:
         """Prefill told the request stream up front (``presend``, like a router that hands the same
@@ -222,9 +228,7 @@ class SyntheticEngineProcess:
             self.synthetic.fill(room, *items)
         start = time.perf_counter()
         self.client.send(room, items[0], items[1], items[2])
-        self.timed(start)
-        self.made += 1
-        self.inflight[room] = (items, start)
+        self.started_room(room, items, start)
         return True
 
     def send_one(self, st: RoomState) -> None:
@@ -237,9 +241,7 @@ class SyntheticEngineProcess:
             self.synthetic.fill(st.room, *items)
         start = time.perf_counter()
         self.client.send(st.room, items[0], items[1], items[2])
-        self.timed(start)
-        self.made += 1
-        self.inflight[st.room] = (items, start)
+        self.started_room(st.room, items, start)
 
     def reap(self) -> int:
         """Finish every room the agent (or a lost connection) has finished; returns how many."""
@@ -253,6 +255,8 @@ class SyntheticEngineProcess:
                 continue
             del self.inflight[room]
             self.client.forget(room)
+            warm = room in self.warm
+            self.warm.discard(room)
             done += 1
             self.counts["finished"] += 1
             if state == KVPoll.Failed:
@@ -264,8 +268,10 @@ class SyntheticEngineProcess:
                     self.give(items)
                 continue
             self.counts["succeeded"] += 1
-            self.last_end = time.perf_counter()
-            self.bytes += sum(n for _, _, n in self.synthetic.sizes(*items))
+            if not warm:
+                self.counts["measured"] += 1
+                self.last_end = time.perf_counter()
+                self.bytes += sum(n for _, _, n in self.synthetic.sizes(*items))
             if self.role == "decode" and self.verify_rooms:
                 self.verify(room, items)
             self.give(items)
