@@ -33,6 +33,19 @@ def tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
+def stop_process(proc: subprocess.Popen[bytes], log: Any, timeout: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout``; closes the process's log file; returns its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    log.close()
+    return int(proc.returncode)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -93,16 +106,8 @@ class AgentProcess:
             os.kill(self.proc.pid, sig)
 
     def stop(self, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log.close()
-        return int(self.proc.returncode)
+        self.signal(signal.SIGCONT)  # a frozen (SIGSTOP) agent must run to handle SIGTERM
+        return stop_process(self.proc, self._log, timeout)
 
 
 def loopback_pair(

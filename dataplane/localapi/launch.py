@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ..agent.launch import AgentProcess, loopback_pair, tail
+from ..agent.launch import AgentProcess, loopback_pair, stop_process, tail
 from ..config import AgentConfig, EngineConfig, LocalApiConfig
 from ..errors import PDPairError
 
@@ -70,15 +70,7 @@ class EngineProcess:
             self.proc.wait(5)
 
     def stop(self, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log.close()
-        return int(self.proc.returncode)
+        return stop_process(self.proc, self._log, timeout)
 
 
 class SidecarPair:
