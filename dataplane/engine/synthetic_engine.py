@@ -249,10 +249,11 @@ class SyntheticEngineProcess:
         now = time.monotonic()
         while self.quarantine and self.quarantine[0][0] <= now:
             self.give(self.quarantine.pop(0)[1])
-        for room, (items, _) in list(self.inflight.items()):
-            state, reason = self.client.poll(room)
+        rooms = list(self.inflight)
+        for room, (state, reason) in zip(rooms, self.client.poll_many(rooms), strict=True):
             if state not in (KVPoll.Success, KVPoll.Failed):
                 continue
+            items = self.inflight[room][0]
             del self.inflight[room]
             self.client.forget(room)
             warm = room in self.warm

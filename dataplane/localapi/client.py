@@ -196,10 +196,14 @@ class AgentClient:
 
     def poll(self, room: int) -> tuple[int, str]:
         """(KVPoll value, failure reason); Bootstrapping (1) until the agent says otherwise."""
+        return self.poll_many((room,))[0]
+
+    def poll_many(self, rooms: Sequence[int]) -> list[tuple[int, str]]:
+        """``poll`` of every room in ``rooms``, reading the socket once."""
         with self._lock:
             self._pump(0.0)
-            st = self._states.get(room)
-        return (st.state, st.reason) if st is not None else (1, "")
+            got = [self._states.get(room) for room in rooms]
+        return [(st.state, st.reason) if st is not None else (1, "") for st in got]
 
     def wait(self, room: int, timeout: float) -> tuple[int, str]:
         """Block until ``room`` is Success or Failed; ``DeadlineExceeded`` after ``timeout``."""

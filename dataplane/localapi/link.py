@@ -2,8 +2,12 @@
 
 The connection thread validates an engine request and ``submit``s it; the worker thread (the only one
 allowed to touch the transport) ``drain``s commands on its loop and ``report``s room states back,
-which are pushed to the engine and kept for ``Poll``. ``submit`` wakes the worker at once by pushing a
-one-frame ``WAKE`` message into its ZMQ inbox, so a request never waits out the worker's idle sleep.
+which are kept for ``Poll`` and pushed to the engine by ``flush``, once per turn of the worker's loop:
+one socket write for every state of that turn, the latest per room (states only move forward, so an
+engine never misses a terminal state). Bootstrapping is never pushed: it is what the client assumes
+of a room it has not heard about. ``submit`` wakes the worker at once by pushing a one-frame ``WAKE``
+into its inbox's ``inproc://`` address — one per batch of commands, not per command — so a request
+never waits out the worker's idle sleep.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +25,8 @@ from .messages import RoomState
 
 WAKE = b"PDPAIR-LOCALAPI-WAKE"
 KEEP_STATES = 65536
+BOOTSTRAPPING = 1
+Push = Callable[[Sequence[RoomState]], None]
 
 
 @dataclass(frozen=True)
@@ -60,11 +66,13 @@ Command = SendCmd | ExpectCmd | AbortCmd | DetachCmd
 class EngineLink:
     """Commands in (any thread → worker), room states out (worker → engine)."""
 
-    def __init__(self, push: Callable[[RoomState], None] | None = None):
+    def __init__(self, push: Push | None = None):
         self._commands: deque[Command] = deque()
         self._states: OrderedDict[int, RoomState] = OrderedDict()
+        self._outbox: dict[int, RoomState] = {}
         self._lock = threading.Lock()
         self._push = push
+        self._wake_pending = False
         self._wake_address = ""
         self._ctx: zmq.Context | None = None
         self._local = threading.local()
@@ -73,12 +81,16 @@ class EngineLink:
         """Called by the worker: where ``submit`` sends its wake-up frame."""
         self._ctx, self._wake_address = ctx, inbox_address
 
-    def set_push(self, push: Callable[[RoomState], None] | None) -> None:
+    def set_push(self, push: Push | None) -> None:
         self._push = push
 
     def submit(self, cmd: Command) -> None:
+        """Queue ``cmd``; wake the worker unless a wake-up it has not yet acted on is in its inbox
+        (``drain`` clears the flag before taking the queue, so no command is left behind)."""
         self._commands.append(cmd)
-        self._wake()
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake()
 
     def _wake(self) -> None:
         if self._ctx is None:
@@ -94,6 +106,7 @@ class EngineLink:
             sock.send(WAKE, flags=zmq.NOBLOCK)
 
     def drain(self) -> list[Command]:
+        self._wake_pending = False
         out = []
         while self._commands:
             out.append(self._commands.popleft())
@@ -106,9 +119,19 @@ class EngineLink:
             self._states.move_to_end(room)
             while len(self._states) > KEEP_STATES:
                 self._states.popitem(last=False)
+        if st.state != BOOTSTRAPPING:
+            self._outbox.pop(room, None)
+            self._outbox[room] = st
+
+    def flush(self) -> None:
+        """Push the states reported since the last flush (worker thread)."""
+        if not self._outbox:
+            return
+        states = list(self._outbox.values())
+        self._outbox.clear()
         push = self._push
         if push is not None:
-            push(st)
+            push(states)
 
     def state(self, room: int) -> RoomState:
         with self._lock:

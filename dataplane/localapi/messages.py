@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 import msgspec
 import numpy as np
 
-from ..errors import WireFormatError
+from ..errors import BadInput, WireFormatError
 
 LOCALAPI_VERSION = 1
 NonNeg = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -190,21 +190,42 @@ def decode_agent_message(data: bytes | memoryview) -> AgentMessage:
         raise WireFormatError(f"local API message: {exc}") from None
 
 
+SMALL = 64
+"""Below this many indices, bounds come from a Python ``min``/``max`` of ``tolist()``: 0.4 µs, where
+each numpy reduction costs ~2 µs — per request that was most of the local API's cost."""
+_I32_MAX = 2**31 - 1
+
+
+def _extremes(arr: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array."""
+    if arr.size <= SMALL:
+        values = arr.tolist()
+        return min(values), max(values)
+    return int(arr.min()), int(arr.max())
+
+
 def pack_indices(indices: Sequence[int] | np.ndarray | None) -> bytes:
     """Item indices as raw little-endian int32 (None or empty → ``b""``)."""
     if indices is None:
         return b""
     arr = np.asarray(indices)
-    if arr.size and (arr.min() < 0 or arr.max() > 2**31 - 1):
-        raise WireFormatError("item indices must lie in 0..2**31-1")
+    if arr.size:
+        lo, hi = _extremes(arr.ravel())
+        if lo < 0 or hi > _I32_MAX:
+            raise WireFormatError("item indices must lie in 0..2**31-1")
     return np.ascontiguousarray(arr, dtype="<i4").tobytes()
 
 
-def unpack_indices(data: bytes, *, field: str = "indices") -> np.ndarray:
-    """The inverse of ``pack_indices``; refuses torn arrays and negative indices."""
+def unpack_indices(data: bytes, *, field: str = "indices", limit: int | None = None) -> np.ndarray:
+    """The inverse of ``pack_indices``; refuses torn arrays, negative indices and, given ``limit``
+    (the pool's item count), indices outside the pool."""
     if len(data) % 4:
         raise WireFormatError(f"{field}: {len(data)} bytes is not a whole number of int32 indices")
     arr = np.frombuffer(data, dtype="<i4").astype(np.int32)
-    if arr.size and arr.min() < 0:
-        raise WireFormatError(f"{field}: negative item index {int(arr.min())}")
+    if arr.size:
+        lo, hi = _extremes(arr)
+        if lo < 0:
+            raise WireFormatError(f"{field}: negative item index {lo}")
+        if limit is not None and hi >= limit:
+            raise BadInput(f"{field}: item index {hi} outside the pool's 0..{limit - 1}")
     return arr

@@ -27,8 +27,6 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
-
 from ..errors import BadInput, FrameTooLarge, LocalApiError, PDPairError
 from ..schema import RoleSchema
 from .frames import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
@@ -70,26 +68,24 @@ class EngineHandler(Protocol):
 
 def to_command(msg: Send | Expect, schema: RoleSchema) -> SendCmd | ExpectCmd:
     """Unpack and bounds-check a request's indices against the schema's pools."""
-    kv = unpack_indices(msg.kv, field="kv")
-    _within(kv, schema.kv.num_pages, "kv")
+    kv = unpack_indices(msg.kv, field="kv", limit=schema.kv.num_pages)
     if len(msg.state) > len(schema.components):
         raise BadInput(f"{len(msg.state)} state components given; the schema has {len(schema.components)}")
     state = []
     for comp, packed in zip(schema.components, msg.state, strict=False):
-        idx = unpack_indices(packed, field=comp.name)
-        _within(idx, comp.num_items, comp.name)
+        idx = unpack_indices(packed, field=comp.name, limit=comp.num_items)
         state.append(idx if idx.size else None)
     aux = None if msg.aux < 0 else msg.aux
-    if aux is not None:
-        _within(np.array([aux]), schema.aux.num_items, "aux")
+    if aux is not None and aux >= schema.aux.num_items:
+        raise BadInput(f"aux: item index {aux} outside the pool's 0..{schema.aux.num_items - 1}")
     if isinstance(msg, Send):
         return SendCmd(msg.room, kv, aux, tuple(state))
     return ExpectCmd(msg.room, kv, aux, tuple(state), msg.prefix_len)
 
 
-def _within(idx: np.ndarray, n: int, name: str) -> None:
-    if idx.size and int(idx.max()) >= n:
-        raise BadInput(f"{name}: item index {int(idx.max())} outside the pool's 0..{n - 1}")
+def _framed(msg: AgentMessage) -> bytes:
+    payload = encode_message(msg)
+    return HEADER.pack(len(payload)) + payload
 
 
 class _Connection:
@@ -103,18 +99,18 @@ class _Connection:
         self.closed = False
 
     def reply(self, msg: AgentMessage) -> None:
-        self._write(encode_message(msg))
+        self._write(_framed(msg))
 
-    def __call__(self, st: RoomState) -> None:
-        """Push a room state (from the worker thread)."""
+    def __call__(self, states: Sequence[RoomState]) -> None:
+        """Push room states (from the worker thread), all in one write."""
         try:
-            self._write(encode_message(st))
+            self._write(b"".join(map(_framed, states)))
         except OSError as exc:
             log.error("cannot push room states to the engine (%s); closing its connection", exc)
             self.close()
 
-    def _write(self, payload: bytes) -> None:
-        data = memoryview(HEADER.pack(len(payload)) + payload)
+    def _write(self, frames: bytes) -> None:
+        data = memoryview(frames)
         deadline = time.monotonic() + SEND_DEADLINE
         with self.lock:
             if self.closed:

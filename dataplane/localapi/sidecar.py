@@ -107,7 +107,7 @@ class Sidecar:
         log.info("engine %s (pid %d) connected", msg.engine_id, msg.pid)
         return f"{self.cfg.identity.pod_name or self.cfg.role}-agent"
 
-    def connected(self, push: Callable[[RoomState], None]) -> None:
+    def connected(self, push: Callable[[Sequence[RoomState]], None]) -> None:
         self.link.set_push(push)
 
     def register(self, regions: Sequence[PoolRegion], fds: list[int]) -> None:

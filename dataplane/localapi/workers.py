@@ -41,7 +41,7 @@ class _LinkMixin:
 
     def attach_link(self) -> None:
         w: Any = self
-        self.link.attach(w.inbox._sock.context, f"tcp://{w.inbox.host}:{w.inbox.port}")
+        self.link.attach(w.ctx, w.inbox.wake_address)
 
     def dispatch(self, frames: list[bytes]) -> None:
         if frames == [WAKE]:
@@ -61,6 +61,15 @@ class _LinkMixin:
                 log.warning("engine request for room %s failed: %s", room, exc)
                 self.link.report(room, KVPoll.Failed, str(exc))
 
+    def tick(self, now: float) -> None:
+        """Once per turn of the loop, after every other step: the turn's room states go out together."""
+        super().tick(now)  # type: ignore[misc]
+        self.link.flush()
+
+    def shutdown(self) -> None:
+        self.link.flush()
+        super().shutdown()  # type: ignore[misc]
+
     @abc.abstractmethod
     def on_command(self, cmd: Command, now: float) -> None:
         """Act on one engine request (send / expect / abort) on the worker thread."""
@@ -69,6 +78,7 @@ class _LinkMixin:
         w: Any = self
         for room in w.rooms.live():
             w.finish(w.rooms.fail(room.key, cmd.reason), KVPoll.Failed)
+        self.link.flush()
         cmd.done.set()
 
 
@@ -176,12 +186,12 @@ class ExternalPrefillWorker(_LinkMixin, PrefillWorker):
             self.done_keys[room.room] = done
 
     def tick(self, now: float) -> None:
-        super().tick(now)
         self.drain_link(now)
         for room_id, (_, deadline) in list(self.sends.items()):
             if deadline <= now and not any(r.room == room_id for r in self.rooms.live()):
                 self.sends.pop(room_id, None)
                 self.link.report(room_id, KVPoll.Failed, "no transfer request from decode by the deadline")
+        super().tick(now)
 
 
 class ExternalDecodeWorker(_LinkMixin, DecodeWorker):

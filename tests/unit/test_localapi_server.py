@@ -95,7 +95,7 @@ def test_requests_reach_the_handler_and_states_come_back(served):
         assert isinstance(expect, ExpectCmd) and expect.prefix_len == 64 and expect.aux is None
         assert abort == AbortCmd(7, "user cancelled")
         assert [st.state for st in c.poll_remote([7])] == [3]
-        handler.push(RoomState(room=7, state=4))
+        handler.push([RoomState(room=7, state=4)])
         assert c.wait(7, timeout=2) == (4, "")
         assert c.poll(8) == (1, "")
 
