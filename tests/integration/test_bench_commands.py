@@ -1,0 +1,41 @@
+"""The transfer benchmarks as a user runs them, on tiny cases: they finish, measure real transfers and
+report consistent figures (the figures themselves are for docs/benchmarks.md, not for a test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.nixl, pytest.mark.slow]
+TINY = ["--sizes", "64K", "--case-bytes", str(4 << 20), "--max-requests", "24", "--warmup", "2", "--json"]
+
+
+def cli(*args: str) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dataplane.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
+    rows = cli("bench", "transfer", *TINY, "--mix", "qwen3-next", "--repeat", "1", "--inflight", "2")
+    assert [r["case"] for r in rows] == ["64KiB", "mix:qwen3-next"]
+    for r in rows:
+        assert r["agent_gbps"] > 0 and r["raw_engine_gbps"] > 0 and r["memcpy_gbps"] > 0
+        assert r["ratio_agent_vs_raw"] == pytest.approx(r["agent_gbps"] / r["raw_engine_gbps"], rel=0.02)
+
+
+def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> None:
+    (row,) = cli("sidecar-bench", *TINY, "--mix", "", "--inflight", "2")
+    assert row["case"] == "64KiB" and row["requests"] == 24 and row["inflight"] == 2
+    assert row["bytes"] % 24 == 0 and row["bytes"] >= 24 * (64 << 10)  # at least a page per request
+    for key in ("direct_gbps", "sidecar_gbps", "presend_gbps", "api_us"):
+        assert row[key] > 0, key
+    assert row["ratio"] == pytest.approx(row["sidecar_gbps"] / row["direct_gbps"], rel=0.02)
