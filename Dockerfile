@@ -40,6 +40,9 @@ ENTRYPOINT ["pdpair-operator"]
 
 FROM base AS agent
 COPY --from=build-agent /opt/pdpair /opt/pdpair
+# The planner's numba kernel (dataplane/planner/kernel.py) is compiled at start-up (~2 s) and cached
+# here; the pods mount an emptyDir at /tmp (read-only root), so a restarted container loads it.
+ENV NUMBA_CACHE_DIR=/tmp/pdpair-numba
 USER 65532:65532
 EXPOSE 8998 9400
 ENTRYPOINT ["pdpair-agent"]

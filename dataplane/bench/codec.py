@@ -3,14 +3,18 @@
 Scenario (DESIGN §8): a Qwen3-Next-like request — 32K tokens at page 64 → 512 KV pages fragmented into
 runs of 1-16 pages, 48 layers of which every 4th is full attention (24 KV buffers) and the other 36 are
 Gated DeltaNet (72 mamba tensors), one aux slot, one mamba slot. Each scenario times ours and sglang's
-on identical inputs in the same process, in alternating batches (best batch of each).
+on identical inputs in the same process, pinned to one CPU: nine rounds of one batch per side, the
+order within a round alternating, the garbage collector off during each timed batch (as ``timeit``
+does). Each side's rate is its best round; the per-round ratios' spread is reported beside it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +37,7 @@ from ..planner import (
     plan_request,
     slice_byte_blocks,
 )
+from ..planner import kernel as planner_kernel
 from ..schema import RoleSchema
 from ..schema.profiles import profile
 from . import sglang_ref
@@ -42,21 +47,49 @@ PAGES, ROOM, SLOT = 512, 4242, 17
 
 @dataclass(frozen=True)
 class Result:
+    """One scenario's rates. ``ours_per_s`` / ``sglang_per_s`` are each side's best round (as
+    ``timeit`` recommends: the least disturbed); ``ratio`` is their quotient. ``ratios`` are the
+    per-round quotients of the two sides' adjacent batches, whose spread shows how much the machine
+    moved the figure; ``cpu`` is the CPU the process was pinned to (``None``: not pinned);
+    ``planner`` says what planned the common request shape (the numba kernel or numpy)."""
+
     scenario: str
     ours_per_s: float
     sglang_per_s: float
+    ratios: tuple[float, ...] = ()
+    ours_median_per_s: float | None = None
+    sglang_median_per_s: float | None = None
+    cpu: int | None = None
+    planner: str | None = None
 
     @property
     def ratio(self) -> float:
         return self.ours_per_s / self.sglang_per_s
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "scenario": self.scenario,
             "ours_per_s": round(self.ours_per_s, 1),
             "sglang_per_s": round(self.sglang_per_s, 1),
             "ratio": round(self.ratio, 2),
         }
+        if self.ratios:
+            out.update(
+                rounds=len(self.ratios),
+                ratio_min=round(min(self.ratios), 2),
+                ratio_median=round(statistics.median(self.ratios), 2),
+                ratio_max=round(max(self.ratios), 2),
+            )
+        if self.ours_median_per_s is not None and self.sglang_median_per_s is not None:
+            out.update(
+                ours_median_per_s=round(self.ours_median_per_s, 1),
+                sglang_median_per_s=round(self.sglang_median_per_s, 1),
+            )
+        if self.cpu is not None:
+            out["cpu"] = self.cpu
+        if self.planner is not None:
+            out["planner"] = self.planner
+        return out
 
 
 def fragmented_pages(rng: np.random.Generator, n: int, pool: int) -> np.ndarray:
@@ -70,35 +103,86 @@ def fragmented_pages(rng: np.random.Generator, n: int, pool: int) -> np.ndarray:
     )
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of each side in each round (adjacent batches, same round)."""
+
+    ours: tuple[float, ...]
+    theirs: tuple[float, ...]
+
+    def result(self, scenario: str, cpu: int | None = None, planner: str | None = None) -> Result:
+        return Result(
+            scenario,
+            1 / min(self.ours),
+            1 / min(self.theirs),
+            tuple(t / o for o, t in zip(self.ours, self.theirs, strict=True)),
+            1 / statistics.median(self.ours),
+            1 / statistics.median(self.theirs),
+            cpu,
+            planner,
+        )
+
+
 def rates(
     ours: Callable[[], object],
     theirs: Callable[[], object],
     iterations: int,
-    budget_s: float = 0.15,
-    rounds: int = 5,
-) -> tuple[float, float]:
-    """Calls per second of each side: the best of ``rounds`` batches, ours and theirs alternating, so
-    a change in the (shared) machine's speed during the run reaches both sides alike."""
+    budget_s: float = 0.08,
+    rounds: int = 9,
+) -> Timing:
+    """Both sides' time per call over ``rounds`` rounds of one batch each, with the order inside a
+    round alternating (ours first, then theirs first, ...), so a change in the (shared) machine's
+    speed, or the caches one side leaves behind, reaches both sides alike. Each side is warmed up
+    and its batch size set to about ``budget_s`` (at most ``iterations`` calls) beforehand. As in
+    ``timeit``, the garbage collector is off during each timed batch (and back on between them)."""
     n_ours, n_theirs = _batch(ours, iterations, budget_s), _batch(theirs, iterations, budget_s)
-    best_ours = best_theirs = float("inf")
-    for _ in range(rounds):
-        best_ours = min(best_ours, _timed(ours, n_ours))
-        best_theirs = min(best_theirs, _timed(theirs, n_theirs))
-    return n_ours / best_ours, n_theirs / best_theirs
+    t_ours: list[float] = []
+    t_theirs: list[float] = []
+    for r in range(rounds):
+        if r % 2:
+            t_theirs.append(_timed(theirs, n_theirs) / n_theirs)
+            t_ours.append(_timed(ours, n_ours) / n_ours)
+        else:
+            t_ours.append(_timed(ours, n_ours) / n_ours)
+            t_theirs.append(_timed(theirs, n_theirs) / n_theirs)
+    return Timing(tuple(t_ours), tuple(t_theirs))
 
 
 def _batch(fn: Callable[[], object], iterations: int, budget_s: float) -> int:
-    """After one warm-up call: how many calls fit in ``budget_s`` (at most ``iterations``)."""
-    start = time.perf_counter()
-    fn()
-    return max(1, min(iterations, int(budget_s / max(time.perf_counter() - start, 1e-9))))
+    """After a warm-up of at least three calls and about a tenth of ``budget_s``: how many calls fit
+    in ``budget_s`` (at least one, at most ``iterations``)."""
+    calls, start = 0, time.perf_counter()
+    while calls < 3 or time.perf_counter() - start < budget_s / 10:
+        fn()
+        calls += 1
+    per_call = _timed(fn, calls) / calls
+    return max(1, min(iterations, int(budget_s / max(per_call, 1e-9))))
 
 
 def _timed(fn: Callable[[], object], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return time.perf_counter() - start
+    """Seconds for ``n`` calls, with the garbage collector off (as ``timeit`` does)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return time.perf_counter() - start
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def pin_to_one_cpu(cpu: int | None = None) -> int | None:
+    """Pin this process to one CPU (``cpu``, or by default the highest-numbered one it may use, which
+    is the least likely to take the machine's interrupts); the CPU pinned to, or ``None`` where the
+    platform cannot pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    chosen = max(allowed) if cpu is None else cpu
+    os.sched_setaffinity(0, {chosen})
+    return chosen
 
 
 @dataclass
@@ -334,17 +418,47 @@ def scenarios(ref: ModuleType) -> dict[str, tuple[Callable[[], object], Callable
     }
 
 
-def run(iterations: int = 2000, cache_dir: Path = sglang_ref.DEFAULT_CACHE) -> list[Result]:
+def run(
+    iterations: int = 2000,
+    cache_dir: Path = sglang_ref.DEFAULT_CACHE,
+    *,
+    rounds: int = 9,
+    cpu: int | None = None,
+    pin: bool = True,
+    only: str | None = None,
+) -> list[Result]:
+    """Every scenario (or those whose name contains ``only``), in this process pinned to one CPU
+    (``cpu``, or the highest-numbered allowed one; ``pin=False`` leaves the affinity alone); the
+    previous affinity is restored afterwards."""
     ref = sglang_ref.load(cache_dir)
-    return [Result(name, *rates(ours, theirs, iterations)) for name, (ours, theirs) in scenarios(ref).items()]
+    before = os.sched_getaffinity(0) if pin and hasattr(os, "sched_getaffinity") else None
+    pinned = pin_to_one_cpu(cpu) if pin else None
+    try:
+        return [
+            rates(ours, theirs, iterations, rounds=rounds).result(name, pinned, planner_kernel.describe())
+            for name, (ours, theirs) in scenarios(ref).items()
+            if only is None or only in name
+        ]
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
 
 
-def header() -> str:
+def header(results: list[Result] | None = None) -> str:
     versions = ", ".join(f"{p} {_version(p)}" for p in ("pdpair", "numpy", "msgspec"))
+    cpus = {r.cpu for r in results or ()}
+    pinned = (
+        f"pinned to CPU {cpus.pop()}" if len(cpus) == 1 and None not in cpus else "not pinned to one CPU"
+    )
+    rounds = max((len(r.ratios) for r in results or ()), default=0)
     return (
         f"machine: {platform.platform()}, {os.cpu_count()} CPUs "
         f"({platform.processor() or platform.machine()})\n"
-        f"python {sys.version.split()[0]}, {versions}; reference: sglang {sglang_ref.SGLANG_VERSION} helpers"
+        f"python {sys.version.split()[0]}, {versions}; "
+        f"reference: sglang {sglang_ref.SGLANG_VERSION} helpers\n"
+        f"planner common shape: {planner_kernel.describe()}\n"
+        f"{pinned}; {rounds} alternating rounds, garbage collector off while timing; "
+        "rates: best round; ratio spread: min / median / max of the rounds' ratios"
     )
 
 
@@ -359,9 +473,19 @@ def render(results: list[Result], as_json: bool) -> str:
     if as_json:
         return json.dumps([r.as_dict() for r in results], indent=2)
     width = max(len(r.scenario) for r in results)
-    lines = [header(), "", f"{'scenario':<{width}}  {'ours/s':>12}  {'sglang/s':>12}  {'ratio':>7}"]
-    lines += [
-        f"{r.scenario:<{width}}  {r.ours_per_s:>12,.0f}  {r.sglang_per_s:>12,.0f}  {r.ratio:>6.1f}x"
-        for r in results
+    lines = [
+        header(results),
+        "",
+        f"{'scenario':<{width}}  {'ours/s':>12}  {'sglang/s':>12}  {'ratio':>7}  {'ratio spread':>20}",
     ]
+    for r in results:
+        spread = (
+            f"{min(r.ratios):.1f} / {statistics.median(r.ratios):.1f} / {max(r.ratios):.1f}"
+            if r.ratios
+            else ""
+        )
+        lines.append(
+            f"{r.scenario:<{width}}  {r.ours_per_s:>12,.0f}  {r.sglang_per_s:>12,.0f}  {r.ratio:>6.1f}x"
+            f"  {spread:>20}"
+        )
     return "\n".join(lines)

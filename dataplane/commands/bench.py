@@ -63,7 +63,18 @@ def _add_codec(sub: Any) -> None:
         "(fetched with pip download at run time) on a Qwen3-Next-like 32K-token request.",
     )
     c.add_argument("--json", action="store_true", help="print a JSON list, one object per scenario")
-    c.add_argument("--iterations", type=int, default=2000, help="calls per timed batch (best of 3)")
+    c.add_argument(
+        "--iterations", type=int, default=2000, help="at most this many calls per timed batch (default: 2000)"
+    )
+    c.add_argument(
+        "--rounds", type=int, default=9, help="alternating rounds of one batch per side (default: 9)"
+    )
+    c.add_argument(
+        "--cpu", type=int, default=None,
+        help="the CPU to pin the benchmark to (default: the highest-numbered one this process may use)",
+    )
+    c.add_argument("--no-pin", action="store_true", help="leave the process's CPU affinity as it is")
+    c.add_argument("--only", default=None, metavar="TEXT", help="only the scenarios whose name contains TEXT")
     c.add_argument("--cache-dir", type=Path, default=None, help="where the sglang wheel is cached")
     c.set_defaults(handler=_codec)
 
@@ -72,7 +83,15 @@ def _codec(args: argparse.Namespace) -> int:
     from ..bench import codec, sglang_ref
 
     cache = args.cache_dir or sglang_ref.DEFAULT_CACHE
-    print(codec.render(codec.run(iterations=args.iterations, cache_dir=cache), args.json))
+    results = codec.run(
+        iterations=args.iterations,
+        cache_dir=cache,
+        rounds=args.rounds,
+        cpu=args.cpu,
+        pin=not args.no_pin,
+        only=args.only,
+    )
+    print(codec.render(results, args.json))
     return 0
 
 

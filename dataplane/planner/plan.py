@@ -87,14 +87,13 @@ class WritePlan:
         """The planner's own, correctly typed arrays, without the dataclass ``__init__`` (its six
         frozen-field assignments cost about as much as a numpy call on the per-request path)."""
         plan = object.__new__(cls)
-        plan.__dict__.update(
-            local_region=local_region,
-            local_offset=local_offset,
-            remote_region=remote_region,
-            remote_offset=remote_offset,
-            size=size,
-            component=component,
-        )
+        fields = plan.__dict__
+        fields["local_region"] = local_region
+        fields["local_offset"] = local_offset
+        fields["remote_region"] = remote_region
+        fields["remote_offset"] = remote_offset
+        fields["size"] = size
+        fields["component"] = component
         return plan
 
     @classmethod

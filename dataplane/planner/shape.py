@@ -7,6 +7,9 @@ interleaved buffer for both sides' pages (one ``max`` range-checks both, one wor
 the runs), the runs' ``[src; dst; length]`` gathered once into a small array and scaled by the item
 length, then broadcast over every KV buffer; every single-index row (aux, components) comes from one
 gather of a per-request ``[src...; dst...; 1]`` vector and one multiply by the per-peer table.
+Where numba is installed the same rows come from one compiled call instead (``kernel.KERNEL``, about
+half the time: the numpy calls' fixed costs, not the rows, dominate); ``plan_numpy`` keeps the numpy
+path callable, and the tests hold the two to the general path and to each other.
 
 Anything outside the shape (another dtype, a page drift, a missing index, an index beyond the
 smaller of the two sides' limits) returns ``None``: the general path then plans it or raises the
@@ -23,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..schema import KV_COMPONENT, SendRule
+from . import kernel as _kernel
 from .layout import RequestIndices
 from .plan import WritePlan
 from .runs import word_edges
@@ -58,6 +62,8 @@ class CommonShape:
     bases: npt.NDArray[np.int64] | None
     regions: npt.NDArray[np.int32]
     component: npt.NDArray[np.int16]
+    table: npt.NDArray[np.int64]
+    """All of the above, packed for the compiled kernel (``kernel.pack_table``)."""
 
     @classmethod
     def build(cls, kv: TensorGroup, singles: Sequence[TensorGroup], tables: Tables) -> CommonShape | None:
@@ -72,23 +78,36 @@ class CommonShape:
         lo, n = tables.start[1], len(singles)
         group = tables.row_group[lo:] - 1
         gather = np.stack((group, group + n, np.full_like(group, 2 * n)))
+        item, kv_regions = int(g.family[0, 0]), _frozen(g.regions[:, :, None].copy())
+        scale, regions = _frozen(tables.scale[:, lo:].copy()), _frozen(tables.regions[:, lo:].copy())
+        bases = _frozen(tables.bases[:, lo:].copy()) if tables.based else None
+        component = _frozen(tables.component[lo:].copy())
         return cls(
-            int(g.family[0, 0]),
+            item,
             g.blocks,
             limit,
-            _frozen(g.regions[:, :, None].copy()),
+            kv_regions,
             (singles[0].local_limit, singles[0].remote_limit),
             tuple((s.local_limit, s.remote_limit) for s in singles[1:]),
             _frozen(gather),
-            _frozen(tables.scale[:, lo:].copy()),
-            _frozen(tables.bases[:, lo:].copy()) if tables.based else None,
-            _frozen(tables.regions[:, lo:].copy()),
-            _frozen(tables.component[lo:].copy()),
+            scale,
+            bases,
+            regions,
+            component,
+            _kernel.pack_table(limit, item, kv_regions, scale, gather, bases, regions, component),
         )
 
     def plan(self, req: RequestIndices) -> WritePlan | None:
         """Every write of ``req`` if it has the common shape and passes the combined range check;
-        ``None`` otherwise (nothing is planned, nothing raised)."""
+        ``None`` otherwise (nothing is planned, nothing raised). Planned by the compiled kernel
+        where there is one (``kernel.KERNEL``), else in numpy (``plan_numpy``): the same rows."""
+        return self._plan(req, _kernel.KERNEL)
+
+    def plan_numpy(self, req: RequestIndices) -> WritePlan | None:
+        """``plan`` without the compiled kernel (what runs where numba is not installed)."""
+        return self._plan(req, None)
+
+    def _plan(self, req: RequestIndices, compiled: _kernel.Kernel | None) -> WritePlan | None:
         picks = self._singles(req)
         src, dst = req.src_kv, req.dst_kv
         n = src.size
@@ -102,6 +121,17 @@ class CommonShape:
             or dst.ndim != 1
         ):
             return None
+        if compiled is None:
+            return self._numpy(src, dst, picks)
+        i64, i32, i16 = compiled(src, dst, self.table, np.array(picks, dtype=np.int64))
+        if not len(i16):
+            return None
+        return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
+
+    def _numpy(
+        self, src: npt.NDArray[np.int32], dst: npt.NDArray[np.int32], picks: list[int]
+    ) -> WritePlan | None:
+        n = src.size
         buf = np.empty((n, 2), dtype=np.int32)
         buf[:, 0] = src
         buf[:, 1] = dst
@@ -145,6 +175,24 @@ class CommonShape:
             or len(dst_state) != len(limits)
         ):
             return None
+        if len(limits) == 1:  # one component (Qwen3-Next's mamba): the loop below, unrolled
+            one_s, one_d = src_state[0], dst_state[0]
+            if (
+                type(one_s) is not np.ndarray
+                or type(one_d) is not np.ndarray
+                or one_s.shape != _ONE
+                or one_d.shape != _ONE
+            ):
+                return None
+            slot_s, slot_d = one_s.item(), one_d.item()
+            ((src_limit, dst_limit),) = limits
+            if (
+                type(slot_s) is not int
+                or type(slot_d) is not int
+                or not (0 <= slot_s < src_limit and 0 <= slot_d < dst_limit)
+            ):
+                return None
+            return [src, slot_s, dst, slot_d, 1]
         srcs, dsts = [src], [dst]
         for s, d, (src_limit, dst_limit) in zip(src_state, dst_state, limits, strict=True):
             if type(s) is not np.ndarray or type(d) is not np.ndarray or s.shape != _ONE or d.shape != _ONE:

@@ -1,18 +1,34 @@
 """The planner's fast paths against the plain ones: the interleaved-word runs against
 ``contiguous_runs``, the one-buffer range check against per-side checks, a Qwen3-Next-like plan
-expanded page by page against the naive per-page writes, and the common-shape pass against the
-general path (same rows; anything it does not cover left to the general path)."""
+expanded page by page against the naive per-page writes, and the common-shape pass (the compiled
+kernel where numba is installed, and the numpy path) against the general path (same rows; anything
+it does not cover left to the general path)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dataplane.errors import PlanError
-from dataplane.planner import PeerLayout, RequestIndices, contiguous_runs, pairing_for, plan_request
+from dataplane.planner import (
+    PeerLayout,
+    RequestIndices,
+    WritePlan,
+    contiguous_runs,
+    kernel,
+    pairing_for,
+    plan_request,
+)
+from dataplane.planner.pairing import Pairing
 from dataplane.planner.request import plan_parts
 from dataplane.planner.runs import interleaved, word_runs
 from dataplane.schema import Component, KVSpec, RoleSchema, TensorSpec
@@ -21,6 +37,17 @@ from dataplane.schema.profiles import profile, profile_names
 QWEN = profile("qwen3-next")
 LOCAL = QWEN.schema(pool_pages=256, max_requests=8)
 PEER = PeerLayout.from_schema(QWEN.schema(pool_pages=128, max_requests=8))
+NUMBA = kernel.KERNEL is not None
+IMPLS = [
+    pytest.param("kernel", marks=pytest.mark.skipif(not NUMBA, reason="numba is not installed")),
+    "numpy",
+]
+
+
+def _common(pr: Pairing, req: RequestIndices, impl: str) -> WritePlan | None:
+    """The common-shape pass with the compiled kernel, or the numpy path."""
+    assert pr.common is not None
+    return pr.common.plan(req) if impl == "kernel" else pr.common.plan_numpy(req)
 
 
 def test_word_runs_match_contiguous_runs() -> None:
@@ -140,8 +167,11 @@ def _random_request(rng: np.random.Generator, local: RoleSchema, peer: PeerLayou
     )
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
-def test_common_shape_writes_what_the_general_path_writes(case: tuple[str, RoleSchema, PeerLayout]) -> None:
+def test_common_shape_writes_what_the_general_path_writes(
+    case: tuple[str, RoleSchema, PeerLayout], impl: str
+) -> None:
     """Same rows, same order, same dtypes, every column a contiguous array of its own length."""
     _, local, peer = case
     pr = pairing_for(local, peer)
@@ -149,7 +179,7 @@ def test_common_shape_writes_what_the_general_path_writes(case: tuple[str, RoleS
     rng = np.random.default_rng(11)
     for _ in range(200):
         req = _random_request(rng, local, peer)
-        fast = pr.common.plan(req)
+        fast = _common(pr, req, impl)
         assert fast is not None
         general = plan_parts(pr, req)
         fast.check()
@@ -157,7 +187,8 @@ def test_common_shape_writes_what_the_general_path_writes(case: tuple[str, RoleS
         assert all(getattr(fast, f).flags.c_contiguous for f in ("local_offset", "size", "component"))
 
 
-def test_common_shape_declines_what_it_does_not_cover() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_common_shape_declines_what_it_does_not_cover(impl: str) -> None:
     """Each of these goes to the general path, which plans it (or raises) exactly as before."""
     pr = pairing_for(LOCAL, PEER)
     assert pr.common is not None
@@ -173,19 +204,20 @@ def test_common_shape_declines_what_it_does_not_cover() -> None:
         replace(base, src_kv=np.concatenate((src[:-1], [200])).astype(np.int32)),  # valid on prefill only
     ]
     for req in declined:
-        assert pr.common.plan(req) is None
+        assert _common(pr, req, impl) is None
     assert len(plan_request(LOCAL, PEER, declined[0])) == len(plan_parts(pr, declined[0]))
     for bad, side in (
         (replace(base, dst_aux=PEER.aux[0].num_items), "aux"),
         (replace(base, src_state=[np.array([-1], np.int32)]), "prefill"),
         (replace(base, dst_kv=np.concatenate((dst[:-1], [128])).astype(np.int32)), "decode"),
     ):
-        assert pr.common.plan(bad) is None
+        assert _common(pr, bad, impl) is None
         with pytest.raises(PlanError, match=side):
             plan_request(LOCAL, PEER, bad)
 
 
-def test_decoded_metadata_takes_the_common_shape() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decoded_metadata_takes_the_common_shape(impl: str) -> None:
     """What the agent's prefill side plans from (``decode_metadata`` → ``RequestIndices``) has the
     common shape: the decoded arrays (int32, contiguous, writeable, native order) take the one-pass
     path, which writes what the general path writes."""
@@ -212,7 +244,124 @@ def test_decoded_metadata_takes_the_common_shape() -> None:
     )
     pr = pairing_for(LOCAL, PEER)
     assert pr.common is not None
-    fast = pr.common.plan(req)
+    fast = _common(pr, req, impl)
     assert fast is not None
     assert fast.rows() == plan_parts(pr, req).rows()
     assert req == replace(req) and req.dst_kv is md.dst_kv_indices
+
+
+_EDGE = [-(2**31), -2, -1, 0, 1, 126, 127, 128, 129, 255, 256, 2**31 - 2, 2**31 - 1]
+
+
+@st.composite
+def _pages(draw: st.DrawFn, n: int) -> list[int]:
+    """``n`` page indices in runs of consecutive pages: in half the examples every run starts inside
+    the smallest pool (48 pages) though it may run past its end; in the rest, runs may also start at
+    an edge value (negative, around a limit, at int32's ends) or anywhere in int32."""
+    valid = st.integers(0, 47)
+    starts = valid
+    if draw(st.booleans()):
+        starts = st.one_of(valid, st.sampled_from(_EDGE), st.integers(-(2**31), 2**31 - 1))
+    out: list[int] = []
+    while len(out) < n:
+        start, run = draw(starts), draw(st.integers(1, 6))
+        out += [min(max(start + k, -(2**31)), 2**31 - 1) for k in range(run)]
+    return out[:n]
+
+
+@st.composite
+def _kv_requests(draw: st.DrawFn) -> tuple[str, RequestIndices]:
+    name, local, peer = draw(st.sampled_from(_cases()))
+    n = draw(st.integers(2, 40))
+    src, dst = draw(_pages(n)), draw(_pages(n))
+    base = _random_request(np.random.default_rng(draw(st.integers(0, 2**16))), local, peer)
+    return name, replace(base, src_kv=np.array(src, np.int32), dst_kv=np.array(dst, np.int32))
+
+
+@pytest.mark.skipif(not NUMBA, reason="numba is not installed")
+@settings(max_examples=300, deadline=None)
+@given(_kv_requests())
+def test_kernel_agrees_with_numpy_and_the_general_path(case: tuple[str, RequestIndices]) -> None:
+    """On any int32 pages (negative, beyond either side's limit, runs crossing a limit or int32's
+    ends): the kernel and the numpy path both decline, or both write the general path's rows; a
+    declined request is planned or refused by the general path alone."""
+    name, req = case
+    local, peer = next((c[1], c[2]) for c in _cases() if c[0] == name)
+    pr = pairing_for(local, peer)
+    assert pr.common is not None
+    compiled, plain = pr.common.plan(req), pr.common.plan_numpy(req)
+    assert (compiled is None) == (plain is None)
+    try:
+        general = plan_parts(pr, req).rows()
+    except PlanError:
+        assert compiled is None
+        return
+    if compiled is not None and plain is not None:
+        compiled.check()
+        assert compiled.rows() == plain.rows() == general
+        assert all(getattr(compiled, f).flags.c_contiguous for f in ("local_offset", "size", "component"))
+
+
+@pytest.mark.skipif(not NUMBA, reason="numba is not installed")
+def test_kernel_takes_strided_and_read_only_pages() -> None:
+    """Views with a stride and read-only arrays (e.g. ``frombuffer`` of a frame) plan the same rows."""
+    pr = pairing_for(LOCAL, PEER)
+    assert pr.common is not None
+    base = _random_request(np.random.default_rng(9), LOCAL, PEER)
+    src2, dst2 = np.repeat(base.src_kv, 2)[::2], np.repeat(base.dst_kv, 2)[::2]
+    ro = base.dst_kv.copy()
+    ro.setflags(write=False)
+    expected = plan_parts(pr, base).rows()
+    for req in (replace(base, src_kv=src2, dst_kv=dst2), replace(base, dst_kv=ro)):
+        got = pr.common.plan(req)
+        assert got is not None and got.rows() == expected
+
+
+def _describe(env: dict[str, str]) -> str:
+    code = "from dataplane.planner import kernel; print(kernel.describe())"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_kernel_can_be_switched_off() -> None:
+    """``PDPAIR_PLANNER_KERNEL=0`` leaves the numpy path (as does a missing numba)."""
+    assert _describe({kernel.ENV: "0"}) == f"numpy ({kernel.ENV}=0)"
+    if NUMBA:
+        assert kernel.describe().startswith("numba ")
+
+
+def test_kernel_compiles_without_a_cache_where_none_is_writable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba refuses ``cache=True`` (RuntimeError) when no cache location is writable: the kernel is
+    then compiled in memory; any other failure leaves the numpy path (and says why)."""
+    import types
+
+    def fake_numba(fail: Exception | None) -> types.SimpleNamespace:
+        real = pytest.importorskip("numba")
+        calls: list[bool] = []
+
+        def njit(sig: object, *, cache: bool, **_: object) -> object:
+            calls.append(cache)
+            if cache and fail is None:
+                raise RuntimeError("cannot cache function: no locator available")
+            if fail is not None:
+                raise fail
+            return lambda fn: fn
+
+        return types.SimpleNamespace(njit=njit, types=real.types, calls=calls)
+
+    monkeypatch.setattr(kernel, "_WHY_NOT", kernel._WHY_NOT)  # restored afterwards
+    no_cache = fake_numba(None)
+    monkeypatch.setitem(sys.modules, "numba", no_cache)
+    assert kernel._compile() is kernel._source
+    assert no_cache.calls == [True, False]
+    monkeypatch.setitem(sys.modules, "numba", fake_numba(ValueError("boom")))
+    assert kernel._compile() is None
+    assert kernel._WHY_NOT == "kernel failed to compile: ValueError"

@@ -1,0 +1,191 @@
+"""The common request shape's plan as one compiled call (numba), when numba is installed.
+
+``CommonShape.plan`` in numpy is about twenty numpy calls, each a fixed ~0.5-1.5 µs whatever its size,
+for ~2,600 rows; this kernel does the same work in one call: one pass over both sides' pages
+(range check and run count), the three output arrays, the first block's runs, copies of them for the
+other KV buffers, and the single-index rows. It writes exactly the numpy path's rows (the tests
+compare the two, and both with the general path); it declines (empty arrays) where the numpy path
+declines on range, and the caller then falls back the same way.
+
+numba is an optional dependency (the ``agent`` extra pins it): without it, or with
+``PDPAIR_PLANNER_KERNEL=0`` in the environment, ``KERNEL`` is ``None`` and the numpy path runs.
+The kernel is compiled for one signature when this module is first imported (so an agent pays for it
+at start-up, never on a request), with numba's on-disk cache where one is writable: importing the
+planner then takes ~0.5 s more (numba itself and the cached kernel), ~1.8 s the first time (compiling).
+The kernel holds no state and releases the GIL (``nogil``); any thread may call it.
+
+The per-peer ``table`` (``pack_table``) is one flat int64 array, so a call unboxes four arguments::
+
+    [kv_limit, item, blocks, singles, based,
+     kv_local_region (blocks), kv_remote_region (blocks),
+     scale (3 x singles), gather (3 x singles), bases (2 x singles),
+     local_region (singles), remote_region (singles), component (singles)]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ..schema import KV_COMPONENT
+
+__all__ = ["HEADER", "KERNEL", "describe", "pack_table"]
+
+log = logging.getLogger(__name__)
+
+HEADER = 5
+"""Entries before the per-block tables in a packed table."""
+ENV = "PDPAIR_PLANNER_KERNEL"
+
+Kernel = Callable[
+    [npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int16]],
+]
+
+
+def pack_table(
+    kv_limit: int,
+    item: int,
+    kv_regions: npt.NDArray[np.int32],
+    scale: npt.NDArray[np.int64],
+    gather: npt.NDArray[np.intp],
+    bases: npt.NDArray[np.int64] | None,
+    regions: npt.NDArray[np.int32],
+    component: npt.NDArray[np.int16],
+) -> npt.NDArray[np.int64]:
+    """The kernel's per-peer table (see the module docstring), read-only."""
+    blocks, singles = kv_regions.shape[1], scale.shape[1]
+    parts: list[Any] = [
+        [kv_limit, item, blocks, singles, int(bases is not None)],
+        kv_regions.reshape(2, blocks).ravel(),
+        scale.ravel(),
+        gather.ravel(),
+        (bases if bases is not None else np.zeros((2, singles), np.int64)).ravel(),
+        regions.ravel(),
+        component,
+    ]
+    table = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+    table.setflags(write=False)
+    return table
+
+
+def _source(src: Any, dst: Any, table: Any, picks: Any) -> Any:
+    """The kernel's source, compiled by numba for ``_compile``'s one signature: ``src`` and ``dst``
+    int32 pages (any strides), the packed ``table``, and ``picks``, the request's single indices
+    ``[src per group..., dst per group..., 1]`` (``CommonShape._singles``)."""
+    limit, item, blocks, singles, based = table[0], table[1], table[2], table[3], table[4]
+    n = src.shape[0]
+    runs = 1
+    prev_s = prev_d = np.int64(-2)
+    for i in range(n):  # range check of both sides, and the number of runs
+        s, d = np.int64(src[i]), np.int64(dst[i])
+        if s < 0 or d < 0 or s >= limit or d >= limit:
+            return (np.empty((3, 0), np.int64), np.empty((2, 0), np.int32), np.empty(0, np.int16))
+        if i > 0 and (s != prev_s + 1 or d != prev_d + 1):
+            runs += 1
+        prev_s, prev_d = s, d
+    kv_rows = blocks * runs
+    rows = kv_rows + singles
+    i64 = np.empty((3, rows), np.int64)
+    i32 = np.empty((2, rows), np.int32)
+    i16 = np.empty(rows, np.int16)
+    first = np.empty((3, runs), np.int64)  # the runs' [src offset; dst offset; size], as in numpy
+    k = start = 0
+    for i in range(1, n + 1):
+        if i == n or src[i] != np.int64(src[i - 1]) + 1 or dst[i] != np.int64(dst[i - 1]) + 1:
+            first[0, k] = np.int64(src[start]) * item
+            first[1, k] = np.int64(dst[start]) * item
+            first[2, k] = (i - start) * item
+            k += 1
+            start = i
+    for j in range(3):  # every KV buffer writes the same runs
+        row, runs_j = i64[j], first[j]
+        for b in range(blocks):
+            at = b * runs
+            for r in range(runs):
+                row[at + r] = runs_j[r]
+    local, remote = i32[0], i32[1]
+    for b in range(blocks):
+        at = b * runs
+        region = np.int32(table[HEADER + b])
+        for r in range(runs):
+            local[at + r] = region
+        region = np.int32(table[HEADER + blocks + b])
+        for r in range(runs):
+            remote[at + r] = region
+    for r in range(kv_rows):
+        i16[r] = KV_COMPONENT
+    scale = HEADER + 2 * blocks
+    gather, bases, regions = scale + 3 * singles, scale + 6 * singles, scale + 8 * singles
+    for j in range(3):  # the single-index rows: table scale x the request's pick, plus any base
+        row = i64[j]
+        for r in range(singles):
+            value = table[scale + j * singles + r] * picks[table[gather + j * singles + r]]
+            if based and j < 2:
+                value += table[bases + j * singles + r]
+            row[kv_rows + r] = value
+    for r in range(singles):
+        local[kv_rows + r] = table[regions + r]
+        remote[kv_rows + r] = table[regions + singles + r]
+        i16[kv_rows + r] = table[regions + 2 * singles + r]
+    return (i64, i32, i16)
+
+
+def _compile() -> Kernel | None:
+    """The compiled kernel, or ``None`` (numba missing, disabled by ``PDPAIR_PLANNER_KERNEL=0``, or
+    failing to compile: then with a warning in the log)."""
+    global _WHY_NOT
+    if os.environ.get(ENV, "1") == "0":
+        _WHY_NOT = f"{ENV}=0"
+        return None
+    try:
+        import numba
+    except ImportError:
+        _WHY_NOT = "numba not installed"
+        return None
+    t = numba.types
+    pages = t.Array(t.int32, 1, "A", readonly=True)
+    table = t.Array(t.int64, 1, "C", readonly=True)
+    out = t.Tuple((t.Array(t.int64, 2, "C"), t.Array(t.int32, 2, "C"), t.Array(t.int16, 1, "C")))
+    sig = out(pages, pages, table, table)
+
+    def jit(cache: bool) -> Kernel:
+        dispatcher = numba.njit(sig, cache=cache, nogil=True, boundscheck=False, error_model="numpy")
+        return cast(Kernel, dispatcher(_source))
+
+    try:
+        try:
+            return jit(cache=True)
+        except RuntimeError:  # no writable cache location: compile in memory, every start-up
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return jit(cache=False)
+    except Exception as exc:
+        log.warning("planner kernel unavailable (%s: %s); using the numpy path", type(exc).__name__, exc)
+        _WHY_NOT = f"kernel failed to compile: {type(exc).__name__}"
+        return None
+
+
+_WHY_NOT = ""
+
+
+def describe() -> str:
+    """What plans the common shape in this process, for benchmark reports."""
+    if KERNEL is not None:
+        return f"numba {_numba_version()} kernel"
+    return f"numpy ({_WHY_NOT or 'no kernel'})"
+
+
+def _numba_version() -> str:
+    import numba
+
+    return str(numba.__version__)
+
+
+KERNEL: Kernel | None = _compile()
