@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import select
 
 import zmq
 
@@ -52,6 +53,7 @@ class Inbox:
         self._sock.bind(self.wake_address)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+        self._fd = self._sock.getsockopt(zmq.FD)
 
     def recv(self, timeout: float) -> list[bytes] | None:
         """One multipart message, or None after ``timeout`` seconds (rounded up to whole ms: zmq
@@ -59,6 +61,15 @@ class Inbox:
         if not self._poller.poll(max(0, math.ceil(timeout * 1000))):
             return None
         return self._sock.recv_multipart(copy=True)
+
+    def wait(self, timeout: float) -> None:
+        """Block until a message may have arrived or ``timeout`` seconds passed, at microsecond
+        resolution (``recv`` counts whole milliseconds): the worker's pause between polls of running
+        transfers, which a new room's message must cut short. ZMQ's descriptor is edge-triggered;
+        reading ``EVENTS`` first re-arms it, so a message arriving during the wait ends it."""
+        if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return
+        select.select([self._fd], [], [], timeout)
 
     def drain(self, limit: int) -> list[list[bytes]]:
         """Up to ``limit`` messages already queued, without waiting."""

@@ -24,6 +24,10 @@ from ..config import AgentConfig
 from ..errors import PDPairError
 from .http import get_json
 
+STATUS_POLL = 0.2
+"""How often ``run_pair`` reads decode's ``/status`` while waiting: each read computes percentiles on
+decode's HTTP thread (GIL), and the figures come from decode's own timestamps, not from this wait."""
+
 
 def tail(path: Path, lines: int = 20) -> str:
     """The last ``lines`` of a process log, for error messages ("" when it cannot be read)."""
@@ -145,7 +149,7 @@ def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-
             decode.wait_ready()
             deadline, want = time.monotonic() + timeout, cfg.synthetic.requests
             while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
-                time.sleep(0.05)
+                time.sleep(STATUS_POLL)
             return decode.status()
         finally:
             decode.stop()

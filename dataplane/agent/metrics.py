@@ -108,7 +108,9 @@ class AgentMetrics:
         )
         self.info.labels(role, agent).set(1)
         self._series: dict[tuple[str, str, str], tuple[Any, ...]] = {}
-        self.inflight.labels(role).set(0)
+        self._outcomes: dict[tuple[str, str, str], Any] = {}
+        self._inflight = self.inflight.labels(role)
+        self._inflight.set(0)
 
     def record_component(
         self, component: str, state_type: str, peer: str, nbytes: int, writes: int, seconds: float | None
@@ -131,7 +133,11 @@ class AgentMetrics:
         self.staged_bytes.labels(component, state_type, self.role, peer).inc(nbytes)
 
     def record_outcome(self, peer: str, outcome: str, reason: str = "") -> None:
-        self.requests.labels(self.role, peer, outcome, reason).inc()
+        key = (peer, outcome, reason)
+        series = self._outcomes.get(key)
+        if series is None:
+            series = self._outcomes[key] = self.requests.labels(self.role, peer, outcome, reason)
+        series.inc()
 
     def record_verified(self, component: str, state_type: str, nbytes: int, ok: bool) -> None:
         self.verified_bytes.labels(component, state_type, self.role, "ok" if ok else "mismatch").inc(nbytes)
@@ -140,8 +146,12 @@ class AgentMetrics:
         self.refusals.labels(self.role, peer, reason).inc()
 
     def record_handshake(self, peer: str) -> None:
+        """Also creates the peer's success series at 0, so ``rate()`` counts from the first request."""
         self.handshakes.labels(self.role, peer).inc()
         self.peer_up.labels(self.role, peer).set(1)
+        key = (peer, "success", "")
+        if key not in self._outcomes:
+            self._outcomes[key] = self.requests.labels(self.role, peer, "success", "")
 
     def peer_down(self, peer: str) -> None:
         self.peer_up.labels(self.role, peer).set(0)
@@ -150,7 +160,7 @@ class AgentMetrics:
         self.engine_errors.labels(self.role, kind).inc()
 
     def set_inflight(self, n: int) -> None:
-        self.inflight.labels(self.role).set(n)
+        self._inflight.set(n)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -179,7 +179,8 @@ class IndexAllocator:
         return np.array(out, dtype=np.int32)
 
     def give(self, indices: np.ndarray | Sequence[int]) -> None:
-        back = [int(i) for i in indices]
-        if any(not 0 <= i < self.capacity for i in back):
+        back = indices.tolist() if isinstance(indices, np.ndarray) else [int(i) for i in indices]
+        if back and not (min(back) >= 0 and max(back) < self.capacity):
             raise BadInput(f"{self.name}: returned index out of 0..{self.capacity - 1}")
-        self._free.extend(sorted(back, reverse=True))
+        back.sort(reverse=True)
+        self._free.extend(back)

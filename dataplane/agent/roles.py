@@ -6,7 +6,8 @@ heartbeats are checked that often), and a message or another thread's ``WAKE`` f
 once. While transfers are in flight it polls them every ``PAUSE_MIN`` for the first ``TIGHT`` seconds
 after a message (most writes finish within it, and a doubling back-off would notice one done at
 430 µs only at ~620 µs), then backs off doubling to ``PAUSE_MAX``, so long transfers never keep it
-spinning on the GIL.
+spinning on the GIL. The pauses wait on the inbox (``Inbox.wait``), so a message arriving during one
+— the next room's metadata, say — is handled at once rather than after up to ``PAUSE_MAX``.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class RoleWorker(abc.ABC):
                 self.metrics.set_inflight(inflight)
             if running:
                 pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
-                time.sleep(pause)
+                self.inbox.wait(pause)
         self.shutdown()
 
     def idle_wait(self) -> float:

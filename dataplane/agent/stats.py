@@ -5,6 +5,7 @@ histograms; this keeps exact recent percentiles a human can read without a Prome
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -67,14 +68,21 @@ class StatsBook:
                 s.mismatched_bytes += nbytes
 
     def snapshot(self) -> dict[str, Any]:
+        """Copies the counters under the lock and computes the percentiles after releasing it: the
+        worker records every room, and a reader polling ``/status`` must not hold it up for the
+        milliseconds that percentiles over ``SAMPLES`` latencies take."""
         with self._lock:
             span = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
-            comps = {name: _summary(s, span) for name, s in self._by.items()}
+            copies = {
+                name: (dataclasses.replace(s, latencies=deque()), list(s.latencies))
+                for name, s in self._by.items()
+            }
+        comps = {name: _summary(s, lat, span) for name, (s, lat) in copies.items()}
         return {"components": comps, "transfer_window_seconds": span}
 
 
-def _summary(s: ComponentStats, span: float) -> dict[str, Any]:
-    lat = np.fromiter(s.latencies, dtype=np.float64) if s.latencies else None
+def _summary(s: ComponentStats, latencies: list[float], span: float) -> dict[str, Any]:
+    lat = np.array(latencies, dtype=np.float64) if latencies else None
     return {
         "state_type": s.state_type,
         "requests": s.requests,
