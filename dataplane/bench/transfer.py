@@ -10,10 +10,10 @@ going first, so drift in the machine's load hits both alike):
   sent → Success received); throughput = bytes over decode's transfer window (first counted metadata
   sent → last Success);
 - raw engine: this process writes the identical ``WritePlan`` of every request, cut exactly as the
-  agent cuts it (one write per component), through the bare ``NixlTransport.write`` + ``wait`` to a
-  second process that only registered the decode layout, with up to ``maxInflight`` requests
-  outstanding; the ``warmup`` first requests untimed, then each request timed from post to seen
-  complete (median) and the whole loop (throughput);
+  agent cuts it into engine requests (``transfer_requests``), through the bare
+  ``NixlTransport.write`` + ``wait`` to a second process that only registered the decode layout,
+  with up to ``maxInflight`` requests outstanding; the ``warmup`` first requests untimed, then each
+  request timed from post to seen complete (median) and the whole loop (throughput);
 - memcpy: numpy copies of the same blocks in this process (the machine's limit).
 
 Each figure is the median over the repetitions. ``overhead_us`` = agent median latency minus raw median
@@ -36,7 +36,7 @@ import numpy as np
 from .. import planner
 from ..agent.launch import run_pair
 from ..agent.pools import MemoryPools
-from ..agent.prefill import writes_by_component
+from ..agent.prefill import transfer_requests
 from ..agent.synthetic import items_for_tokens
 from ..errors import PDPairError
 from ..schema.profiles import schema_from_config
@@ -168,7 +168,7 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str
         with NixlTransport("bench-raw-initiator", cfg.transfer.nixl) as transport:
             transport.register(pools.memory_regions())
             peer = transport.connect("target", endpoint, blobs)
-            parts = [[w for _, w in writes_by_component(plan)] for plan in plans]
+            parts = [[w for _, w in transfer_requests(plan)] for plan in plans]
             _pipeline(transport, peer, parts[:warmup], depth)
             start = time.perf_counter()
             times = _pipeline(transport, peer, parts[warmup:], depth)
@@ -181,8 +181,9 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str
 
 
 def _pipeline(transport: Any, peer: Any, requests: list[list[Any]], depth: int) -> list[float]:
-    """Post each request's writes (one per component) with up to ``depth`` requests outstanding, as
-    the agent keeps ``maxInflight`` rooms; returns each request's time from post to seen complete."""
+    """Post each request's engine requests (the agent's own grouping, ``transfer_requests``) with up to
+    ``depth`` requests outstanding, as the agent keeps ``maxInflight`` rooms; returns each request's
+    time from post to seen complete."""
     deadline = time.monotonic() + 60
     outstanding: collections.deque[tuple[float, list[Any]]] = collections.deque()
     times = []

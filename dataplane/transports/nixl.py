@@ -3,8 +3,8 @@
 Translation only. Writes go through pre-prepared descriptor lists: for a batch whose offsets and sizes
 share a block size ``g``, every region is prepared once (per peer, per ``g``) as a strided list of
 ``g``-byte blocks, and each request is just two index arrays for ``make_prepped_xfer`` (NIXL merges
-adjacent blocks back into large transfers). Batches whose block size would make those lists huge
-fall back to exact descriptors (``initialize_xfer``).
+adjacent blocks back into large transfers). Batches whose block size would make those lists huge, or
+need many more indices than writes (a room's mixed sizes), go as exact descriptors (``initialize_xfer``).
 
 Peers' region descriptors are our own msgpack ``[addr, size, dev_id, mem_type]``, decoded with
 msgspec: NIXL's ``get_serialized_descs`` / ``deserialize_descs`` use pickle and never see peer bytes.
@@ -31,6 +31,9 @@ from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
 SDK_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl._api")
 MemType = Literal["DRAM", "VRAM"]
 RemoteDesc = tuple[int, int, int, MemType]
+INDICES_PER_ROW = 8
+"""A batch whose common block size would need more prepared-list indices than this per write (plus
+64) goes as exact descriptors, one per write: a mixed batch's block is its smallest write's."""
 _decode_desc = msgspec.msgpack.Decoder(RemoteDesc)
 _encode = msgspec.msgpack.Encoder()
 
@@ -197,6 +200,8 @@ class NixlTransport(Transport):
 
     def _post(self, peer: NixlPeer, w: Writes, lm: MemType, rm: MemType) -> Any:
         g = blocks.block_size(w, self._local_sizes, peer.remote_sizes, self.prep_limit)
+        if g is not None and w.nbytes // g > INDICES_PER_ROW * len(w) + 64:
+            g = None  # e.g. one room's 1 MiB page and 64 B aux slot: 16K indices, or two exact rows
         if g is None:
             local = _exact(self._descs, w.local_region, w.local_offset, w.size)
             remote = _exact(peer.descs, w.remote_region, w.remote_offset, w.size)
