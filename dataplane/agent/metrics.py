@@ -56,7 +56,8 @@ class AgentMetrics:
         )
         self.transfer_seconds = Histogram(
             PREFIX + "transfer_seconds",
-            "Write start to completion of one request's component.",
+            "Write start to completion of one request's component (a small request's components go "
+            "in one engine request and share its latency).",
             _COMP,
             buckets=LATENCY_BUCKETS,
             registry=r,
