@@ -180,6 +180,8 @@ class SyntheticEngineProcess:
         (``synthetic.requestsPerSecond``; 0 = as fast as the cap allows)."""
         if len(self.inflight) >= max_inflight or (requests and self.made >= requests):
             return False
+        if self.warm and self.made >= self.cfg.synthetic.warmup:
+            return False  # the counted requests start once the warm-up ones are done (as decode's agent)
         rate, now = self.cfg.synthetic.requests_per_second, time.monotonic()
         if rate <= 0:
             return True
