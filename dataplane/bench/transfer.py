@@ -11,7 +11,8 @@ going first, so drift in the machine's load hits both alike):
   sent → last Success);
 - raw engine: this process writes the identical ``WritePlan`` of every request, cut exactly as the
   agent cuts it into engine requests (``transfer_requests``), through the bare
-  ``NixlTransport.write`` + ``wait`` to a second process that only registered the decode layout,
+  ``NixlTransport.write`` + ``wait`` (posting in line: no ``postThread``, which is the agent's) to a
+  second process that only registered the decode layout,
   with up to ``maxInflight`` requests outstanding; the ``warmup`` first requests untimed, then each
   request timed from post to seen complete (median) and the whole loop (throughput);
 - memcpy: numpy copies of the same blocks in this process (the machine's limit).
@@ -165,7 +166,8 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str
     try:
         endpoint, blobs = here.recv()
         pools = MemoryPools.allocate(schema_from_config(cfg), prefault=True)
-        with NixlTransport("bench-raw-initiator", cfg.transfer.nixl) as transport:
+        bare = msgspec.structs.replace(cfg.transfer.nixl, post_thread=False)
+        with NixlTransport("bench-raw-initiator", bare) as transport:
             transport.register(pools.memory_regions())
             peer = transport.connect("target", endpoint, blobs)
             parts = [[w for _, w in transfer_requests(plan)] for plan in plans]

@@ -1,0 +1,60 @@
+"""NIXL's posting thread (``NixlConfig.postThread``): host writes over 256 KiB posted while another
+transfer runs go through it, land byte for byte, and a transfer aborted while still queued is never
+posted. Real bytes between this process and a spawned peer (``test_transport_conformance.nixl_pair``)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from dataplane.transports import TransferState, Writes
+from dataplane.transports.nixl import NixlTransfer, NixlTransport
+from tests.integration.test_transport_conformance import nixl_pair
+
+pytestmark = pytest.mark.nixl
+MIB = 1 << 20
+
+
+def one(offset: int, size: int) -> Writes:
+    region, at = np.array([0], np.int32), np.array([offset])
+    return Writes(region, at, region, at, np.array([size]))
+
+
+def test_writes_queued_behind_a_running_one_go_through_the_thread_and_land() -> None:
+    with nixl_pair(None) as pair:
+        t = pair.transport
+        assert isinstance(t, NixlTransport) and t._poster is not None
+        transfers = [t.write(pair.peer, one(i * 2 * MIB, 2 * MIB)) for i in range(12)]
+        deadline = time.monotonic() + 30
+        for tr in transfers:
+            t.wait(tr, deadline)
+        assert t._poster.posted >= 11  # the first went in line (nothing else was running)
+        got = pair.read_remote(0)
+        assert np.array_equal(got[: 24 * MIB], pair.local[0][: 24 * MIB])
+        assert t._running == 0
+
+
+def test_a_transfer_aborted_while_queued_is_never_posted() -> None:
+    with nixl_pair(None) as pair:
+        t = pair.transport
+        assert isinstance(t, NixlTransport) and t._poster is not None
+        pair.reset()
+        first = t.write(pair.peer, one(0, 2 * MIB))  # in line: nothing running yet
+        assert isinstance(first, NixlTransfer)
+        gate = NixlTransfer(pair.peer, 0, 0)
+        gate.post_lock.acquire()  # a queued item the thread must wait on: the next stays queued
+        t._poster.submit(gate, None)
+        second = t.write(pair.peer, one(4 * MIB, 2 * MIB))
+        assert isinstance(second, NixlTransfer) and second.unposted == 1
+        t.abort(second)
+        assert t.poll(second) is TransferState.FAILED
+        gate.cancelled = True
+        gate.post_lock.release()
+        t._poster.drain()
+        t.wait(first, time.monotonic() + 30)
+        got = pair.read_remote(0)
+        assert np.array_equal(got[: 2 * MIB], pair.local[0][: 2 * MIB])
+        assert not got[4 * MIB : 6 * MIB].any(), "the aborted transfer's bytes were written"
+        assert t._running == 0
