@@ -3,7 +3,7 @@
 Two ``NixlTransport``s (this process and a spawned peer, host memory, loopback): the same writes posted
 as one request or split into several, each case timed per iteration (post + wait for all), rounds
 alternating between cases; prints the median and best microseconds per iteration. This is the
-measurement behind ``agent/prefill.py: transfer_requests`` (docs/benchmarks.md, 18:02).
+measurement behind ``agent/requests.py: transfer_requests`` (docs/benchmarks.md, 18:02).
 
     python3 bench/nixl_requests.py [--iterations 1500] [--rounds 6]
 """

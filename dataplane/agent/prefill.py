@@ -11,16 +11,10 @@ reason back to decode, and the same reason in logs, metrics and ``/status``) →
 ``PeerLayout`` + prepared pairing → ``Hello`` back as the acceptance.
 Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
 ``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
-component → status Success / Failed to decode. With the staged path on (``agent/staged.py``), a
+component (``requests.transfer_requests``: one engine request for a small room) → status Success /
+Failed to decode. With the staged path on (``agent/staged.py``), a
 decode that offered a landing buffer gets its small-write components gathered, written per slot and
 scattered, and Success waits for decode's last acknowledgement.
-
-Engine requests per room (``transfer_requests``): a room of at most ``ONE_REQUEST_ROWS`` writes goes
-as one request — the engine's fixed cost per request (NIXL on the 2-vCPU VM: three one-row requests
-122-142 µs, one three-row request 54-63 µs; 103 rows: 344 µs as three, 273 µs as one) outweighs the
-rows; its components then share one latency. Larger rooms go as one request per component: each
-component's offsets share a large block size (KV pages: 20 to 256 KiB, mamba: 1 KiB) that the NIXL
-adapter's prepared lists index, while the room as a whole only shares the smallest (64 B aux).
 """
 
 from __future__ import annotations
@@ -53,10 +47,11 @@ from ..codec import (
 from ..codec.control import Staged, StagedOffer
 from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, TransferFailed
 from ..planner import PeerLayout, RequestIndices, WritePlan, pairing_for, plan_request
-from ..transports import Peer, Transfer, TransferState, Writes
+from ..transports import Peer, Transfer, TransferState
 from .control import tcp
 from .forward import ForwardThread
 from .liveness import Heartbeats
+from .requests import Part, transfer_requests
 from .roles import RoleWorker, refusal_reason_label
 from .staged_roles import PrefillStaging
 
@@ -74,11 +69,6 @@ class DecodePeer:
     beats: bool = False
     """The decode heartbeats us (one of our agents; a plain sglang decode does not)."""
     last_seen: float = field(default_factory=time.monotonic)
-
-
-Part = tuple[int, int, int]
-"""(component id, bytes, writes): one component's share of an engine request."""
-ONE_REQUEST_ROWS = 128
 
 
 @dataclass(eq=False)
@@ -417,35 +407,4 @@ class PrefillWorker(RoleWorker):
                 self.pushers.send(dp.address, [beat])
 
 
-def writes_by_component(plan: WritePlan) -> list[tuple[int, Writes]]:
-    """The plan cut into one ``Writes`` per component. The planner emits each component's rows as one
-    contiguous run, so the cut is slices (views) instead of a boolean mask per component; any other
-    order is grouped with a stable sort first."""
-    comp = plan.component
-    if len(comp) == 0:
-        return []
-    edges = [0, *(np.flatnonzero(comp[1:] != comp[:-1]) + 1).tolist()]
-    ids = comp[edges].tolist()
-    if len(set(ids)) != len(ids):
-        return writes_by_component(plan.select(np.argsort(comp, kind="stable")))  # type: ignore[arg-type]
-    edges.append(len(comp))
-    cols = (plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size)
-    return [(c, Writes(*(col[a:b] for col in cols))) for c, a, b in zip(ids, edges, edges[1:], strict=False)]
-
-
-def transfer_requests(plan: WritePlan) -> list[tuple[list[Part], Writes]]:
-    """The plan as engine requests, each with its share of every component: one request for a room
-    of at most ``ONE_REQUEST_ROWS`` writes, else one per component (``writes_by_component``)."""
-    n = len(plan.component)
-    if n > ONE_REQUEST_ROWS or n == 0:
-        return [([(comp, w.nbytes, len(w))], w) for comp, w in writes_by_component(plan)]
-    shares: dict[int, list[int]] = {}
-    for comp, size in zip(plan.component.tolist(), plan.size.tolist(), strict=True):
-        share = shares.setdefault(comp, [0, 0])
-        share[0] += size
-        share[1] += 1
-    writes = Writes(plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size)
-    return [([(comp, nbytes, count) for comp, (nbytes, count) in shares.items()], writes)]
-
-
-__all__ = ["PrefillWorker", "transfer_requests", "writes_by_component"]
+__all__ = ["PrefillWorker"]

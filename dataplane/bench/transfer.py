@@ -37,7 +37,7 @@ import numpy as np
 from .. import planner
 from ..agent.launch import run_pair
 from ..agent.pools import MemoryPools
-from ..agent.prefill import transfer_requests
+from ..agent.requests import transfer_requests
 from ..agent.synthetic import items_for_tokens
 from ..errors import PDPairError
 from ..schema.profiles import schema_from_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataplane.agent.prefill import ONE_REQUEST_ROWS, transfer_requests
+from dataplane.agent.requests import ONE_REQUEST_ROWS, transfer_requests
 from dataplane.planner import WritePlan
 from dataplane.schema import AUX_COMPONENT, KV_COMPONENT
 
