@@ -128,9 +128,12 @@ class _Poster:
         self.posted = 0
         self._thread.start()
 
-    def submit(self, transfer: NixlTransfer, handle: Any) -> None:
-        transfer.unposted += 1
-        self._queue.put((transfer, handle))
+    def submit(self, transfer: NixlTransfer) -> None:
+        """Queue every handle of ``transfer``. ``unposted`` is set once, before the first is queued:
+        from then on only this thread changes it."""
+        transfer.unposted = len(transfer.handles)
+        for handle in list(transfer.handles):
+            self._queue.put((transfer, handle))
 
     def _run(self) -> None:
         while True:
@@ -265,13 +268,14 @@ class NixlTransport(Transport):
         poster = self._poster if self._running and writes.nbytes > self.post_inline_bytes else None
         self._running += 1
         try:
-            for w, lm, rm in self._by_memory(peer, writes):
-                handle = self._prepare(peer, w, lm, rm)
-                transfer.handles.append(handle)
-                if poster is not None:
-                    poster.submit(transfer, handle)
-                elif self._agent.transfer(handle) == "ERR":
-                    raise TransferFailed(f"nixl: posting {len(w)} writes to {peer.peer_id!r} failed")
+            parts = self._by_memory(peer, writes)
+            transfer.handles = [self._prepare(peer, w, lm, rm) for w, lm, rm in parts]
+            if poster is not None:
+                poster.submit(transfer)
+            else:
+                for handle, (w, _, _) in zip(transfer.handles, parts, strict=True):
+                    if self._agent.transfer(handle) == "ERR":
+                        raise TransferFailed(f"nixl: posting {len(w)} writes to {peer.peer_id!r} failed")
         except PDPairError:
             self.abort(transfer)
             raise

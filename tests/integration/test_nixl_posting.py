@@ -43,9 +43,9 @@ def test_a_transfer_aborted_while_queued_is_never_posted() -> None:
         pair.reset()
         first = t.write(pair.peer, one(0, 2 * MIB))  # in line: nothing running yet
         assert isinstance(first, NixlTransfer)
-        gate = NixlTransfer(pair.peer, 0, 0)
+        gate = NixlTransfer(pair.peer, 0, 0, handles=[None])
         gate.post_lock.acquire()  # a queued item the thread must wait on: the next stays queued
-        t._poster.submit(gate, None)
+        t._poster.submit(gate)
         second = t.write(pair.peer, one(4 * MIB, 2 * MIB))
         assert isinstance(second, NixlTransfer) and second.unposted == 1
         t.abort(second)
