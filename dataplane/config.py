@@ -82,7 +82,8 @@ class NixlConfig(_Base, frozen=True):
     inside that call, so posted on the role worker the room's copy and the next rooms' control work
     run one after the other; on their own thread they overlap (the binding releases the GIL during
     the copy). Only batches over 256 KiB posted while another transfer is running go there: a room
-    alone in flight gains nothing from the hand-off. Not used for VRAM, whose copies run on the GPU."""
+    alone in flight gains nothing from the hand-off. Off for agents whose pools are on the GPU
+    (``transfer.device: cuda``), whose copies run on the GPU."""
     progress_delay_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 100
     """The UCX progress thread's sleep between event checks; 0 = NIXL's Python default, a busy spin
     that keeps one core per agent at 100% even when idle."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import msgspec
 import zmq
 
 from ..config import AgentConfig
@@ -47,7 +48,10 @@ def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = 
         return MoriTransport(engine_name, cfg.listen.host, cfg.transfer.mori, sdk=sdk)
     from ..transports.nixl import NixlTransport
 
-    return NixlTransport(engine_name, cfg.transfer.nixl, sdk=sdk)
+    nixl = cfg.transfer.nixl
+    if cfg.transfer.device == "cuda":  # VRAM copies run on the GPU: no posting thread, no shared agent
+        nixl = msgspec.structs.replace(nixl, post_thread=False)
+    return NixlTransport(engine_name, nixl, sdk=sdk)
 
 
 class AgentRuntime:
