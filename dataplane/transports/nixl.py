@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from ..config import NixlConfig
 from ..errors import PDPairError, PeerGone, TransferFailed, WireFormatError
 from . import blocks
 from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
+from .posting import Poster
 
 SDK_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl._api")
 MemType = Literal["DRAM", "VRAM"]
@@ -97,7 +97,7 @@ class NixlPeer(Peer):
 class NixlTransfer(Transfer):
     handles: list[Any] = field(default_factory=list)
     unposted: int = 0
-    """Handles still queued on the posting thread (``_Poster``); the transfer is running until 0."""
+    """Handles still queued on the posting thread (``posting.Poster``); running until 0."""
     cancelled: bool = False
     live: bool = True
     """Counted in the transport's running transfers until ``abort`` (every end passes through it)."""
@@ -105,67 +105,6 @@ class NixlTransfer(Transfer):
     post_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held by the posting thread while it posts one of this transfer's handles, and by ``abort``:
     a handle is never released while being posted, nor posted once released."""
-
-
-_Posting = tuple[NixlTransfer, Any] | threading.Event | None
-"""A handle to post for its transfer, a drain marker to set, or None: stop."""
-
-
-class _Poster:
-    """Posts prepared requests (``postXferReq``) on a thread of its own, in submission order.
-
-    UCX copies a host-to-host write inside ``postXferReq`` (CMA), so on the role worker each room's copy
-    and the Python work of the next rooms ran one after the other. Here the copy runs while the worker
-    goes on (the binding releases the GIL during the call): a 2 MiB request with 190 µs of Python work
-    per request took 520-548 µs posted in line and 308-370 µs posted here, on a 16-core host (the post
-    alone: 306-330 µs). The agent is built with ``NIXL_THREAD_SYNC_RW`` so this thread and the worker
-    may call it at once."""
-
-    def __init__(self, agent: Any):
-        self._agent = agent
-        self._queue: queue.SimpleQueue[_Posting] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="pdpair-nixl-post", daemon=True)
-        self.posted = 0
-        self._thread.start()
-
-    def submit(self, transfer: NixlTransfer) -> None:
-        """Queue every handle of ``transfer``. ``unposted`` is set once, before the first is queued:
-        from then on only this thread changes it."""
-        transfer.unposted = len(transfer.handles)
-        for handle in list(transfer.handles):
-            self._queue.put((transfer, handle))
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            transfer, handle = item
-            with transfer.post_lock:
-                if not transfer.cancelled and transfer.post_error is None:
-                    try:
-                        if self._agent.transfer(handle) == "ERR":
-                            transfer.post_error = TransferFailed(
-                                f"nixl: posting a write to {transfer.peer.peer_id!r} failed"
-                            )
-                    except Exception as exc:
-                        transfer.post_error = _mapped(exc, f"write to {transfer.peer.peer_id!r}")
-                    self.posted += 1
-                transfer.unposted -= 1
-
-    def drain(self, timeout: float = 10.0) -> None:
-        """Return once everything submitted so far is posted or skipped."""
-        done = threading.Event()
-        self._queue.put(done)
-        if not done.wait(timeout):
-            raise TransferFailed(f"nixl: the posting thread did not drain within {timeout:.0f}s")
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=10)
 
 
 class NixlTransport(Transport):
@@ -205,7 +144,7 @@ class NixlTransport(Transport):
         self._local_bases: dict[tuple[MemType, int], np.ndarray] = {}
         self._peers: list[NixlPeer] = []
         self._threaded = threaded
-        self._poster: _Poster | None = None
+        self._poster: Poster | None = None
         self._running = 0
 
     def endpoint(self) -> bytes:
@@ -222,7 +161,7 @@ class NixlTransport(Transport):
         self._descs = np.array([(r.addr, r.size, r.device_id) for r in regions], dtype=np.uint64)
         self._mem = mem
         if self._threaded and set(mem) == {"DRAM"}:
-            self._poster = _Poster(self._agent)
+            self._poster = Poster(self._post_one)
         return [_encode.encode((r.addr, r.size, r.device_id, m)) for r, m in zip(regions, mem, strict=True)]
 
     def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> NixlPeer:
@@ -292,6 +231,15 @@ class NixlTransport(Transport):
         lmem, rmem = np.array(self._mem)[writes.local_region], np.array(peer.mem)[writes.remote_region]
         pairs = sorted(set(zip(lmem.tolist(), rmem.tolist(), strict=True)))
         return [(writes.subset((lmem == lm) & (rmem == rm)), lm, rm) for lm, rm in pairs]
+
+    def _post_one(self, transfer: NixlTransfer, handle: Any) -> None:
+        """Post one prepared handle (the posting thread's job); raises ``TransferFailed``."""
+        try:
+            status = self._agent.transfer(handle)
+        except Exception as exc:
+            raise _mapped(exc, f"write to {transfer.peer.peer_id!r}") from exc
+        if status == "ERR":
+            raise TransferFailed(f"nixl: posting a write to {transfer.peer.peer_id!r} failed")
 
     def _prepare(self, peer: NixlPeer, w: Writes, lm: MemType, rm: MemType) -> Any:
         g = blocks.block_size(w, self._local_sizes, peer.remote_sizes, self.prep_limit)
