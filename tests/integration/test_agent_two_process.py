@@ -31,9 +31,11 @@ pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 HB = 0.5
 
 
-def config(profile="qwen3-next", requests=12, tokens=(700, 0, 2048), **model) -> AgentConfig:
+def config(
+    profile="qwen3-next", requests=12, tokens=(700, 0, 2048), pool_pages=128, max_requests=8, **model
+) -> AgentConfig:
     return AgentConfig(
-        model=ModelConfig(profile=profile, pool_pages=128, max_requests=8, **model),
+        model=ModelConfig(profile=profile, pool_pages=pool_pages, max_requests=max_requests, **model),
         transfer=TransferConfig(timeout_seconds=5, heartbeat_interval_seconds=HB, heartbeat_misses=6),
         synthetic=SyntheticConfig(requests_per_second=0, requests=requests, tokens=tokens, max_inflight=3),
     )
@@ -113,7 +115,10 @@ def test_positional_state_types(tmp_path):
 
 @pytest.mark.parametrize(("ptp", "dtp"), [(1, 2), (2, 1)])
 def test_tp_mismatched_mamba(tmp_path, ptp, dtp):
-    with agents(tmp_path, config(requests=8), prefill_tp=ptp, decode_tp=dtp) as (_, decode):
+    # Two decode ranks finish their parts of a room independently, so prefill can hold parts of more
+    # rooms than one rank keeps in flight: its pools are sized for that skew, not for three rooms.
+    base = config(requests=8, pool_pages=512, max_requests=32)
+    with agents(tmp_path, base, prefill_tp=ptp, decode_tp=dtp) as (_, decode):
         wait_for(lambda: finished(decode, 8), timeout=60, what="8 requests per decode rank")
         assert_all_verified(decode, 8, {"kv", "mamba"})
 
