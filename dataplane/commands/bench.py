@@ -49,6 +49,10 @@ def register(subparsers: Any) -> None:
         "--nixl-threads", type=int, default=0,
         help="NIXL UCX worker threads for the agent and the raw engine alike (default: 0, the caller's)",
     )
+    t.add_argument(
+        "--no-post-thread", action="store_true",
+        help="the agent posts host writes in line (NixlConfig.postThread off); the raw engine always does",
+    )
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
     t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
     t.set_defaults(handler=run)
@@ -143,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.transfer import run_case
     from ..config import NixlConfig
 
-    nixl = NixlConfig(ucx_tls=args.ucx_tls, num_threads=args.nixl_threads)
+    threads = args.nixl_threads
+    nixl = NixlConfig(ucx_tls=args.ucx_tls, num_threads=threads, post_thread=not args.no_post_thread)
     cases = []
     for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
         requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
