@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from dataplane.errors import DeadlineExceeded
 from dataplane.transports import TransferState, Writes
 from dataplane.transports.nixl import NixlTransfer, NixlTransport
 from tests.integration.test_transport_conformance import nixl_pair
@@ -58,3 +59,24 @@ def test_a_transfer_aborted_while_queued_is_never_posted() -> None:
         assert np.array_equal(got[: 2 * MIB], pair.local[0][: 2 * MIB])
         assert not got[4 * MIB : 6 * MIB].any(), "the aborted transfer's bytes were written"
         assert t._running == 0
+
+
+def test_writes_queued_to_a_frozen_peer_hit_their_deadline_and_the_transport_recovers() -> None:
+    """Over TCP a SIGSTOPped peer never completes a write: the queued ones fail at their deadline, are
+    aborted, the peer can be disconnected (the thread is drained) and a thawed peer is written again."""
+    with nixl_pair("tcp") as pair:
+        t = pair.transport
+        assert isinstance(t, NixlTransport) and t._poster is not None
+        t.wait(t.write(pair.peer, one(0, 4096)), time.monotonic() + 30)  # connection up
+        pair.freeze()
+        transfers = [t.write(pair.peer, one(i * 2 * MIB, 2 * MIB)) for i in range(3)]
+        start = time.monotonic()
+        for tr in transfers:
+            with pytest.raises(DeadlineExceeded):
+                t.wait(tr, start + 0.5)
+        assert time.monotonic() - start < 3
+        assert all(tr.state is TransferState.FAILED for tr in transfers) and t._running == 0
+        pair.thaw()
+        t._poster.drain(5)
+        t.wait(t.write(pair.peer, one(8 * MIB, 2 * MIB)), time.monotonic() + 30)
+        assert np.array_equal(pair.read_remote(0)[8 * MIB : 10 * MIB], pair.local[0][8 * MIB : 10 * MIB])
