@@ -212,9 +212,8 @@ class NixlTransport(Transport):
             if poster is not None:
                 poster.submit(transfer)
             else:
-                for handle, (w, _, _) in zip(transfer.handles, parts, strict=True):
-                    if self._agent.transfer(handle) == "ERR":
-                        raise TransferFailed(f"nixl: posting {len(w)} writes to {peer.peer_id!r} failed")
+                for handle in transfer.handles:
+                    self._post_one(transfer, handle)
         except PDPairError:
             self.abort(transfer)
             raise
@@ -233,7 +232,7 @@ class NixlTransport(Transport):
         return [(writes.subset((lmem == lm) & (rmem == rm)), lm, rm) for lm, rm in pairs]
 
     def _post_one(self, transfer: NixlTransfer, handle: Any) -> None:
-        """Post one prepared handle (the posting thread's job); raises ``TransferFailed``."""
+        """Post one prepared handle, in line or on the posting thread; raises ``TransferFailed``."""
         try:
             status = self._agent.transfer(handle)
         except Exception as exc:
