@@ -3,8 +3,9 @@
 Per case and path, a prefill and a decode agent (``pdpair-agent run``, two processes on one GPU,
 NIXL VRAM on loopback) move ``--requests`` synthetic requests one at a time, and decode verifies every
 byte of every component (any mismatch fails the run). Paths: ``direct`` (``transfer.staged.mode:
-off``), ``auto`` (staged when a component's mean write is under 512 KiB) and ``staged`` (every
-component staged). The figure per request is prefill's own: from the start of a component's writes
+off``), ``auto`` (staged when a component's mean write is under 512 KiB), ``staged`` (every
+component staged) and ``ipc`` (``transfer.backend: cuda-ipc``: no engine, one copy kernel per room).
+The figure per request is prefill's own: from the start of a component's writes
 to their completion (staged: to decode's last acknowledgement, after its scatter), the median per
 component, the slowest component taken; GB/s = request bytes over that. One room is in flight, so
 decode's verification never overlaps a timed room. ``d2d`` is a torch copy of the same byte count in
@@ -45,15 +46,21 @@ CASES = {
     "1MiB x 256": (1 << 20, 128, 4),
     "64MiB x 16": (64 << 20, 8, 2),
 }
-PATHS = {"direct": ("off", 512 << 10, 1), "auto": ("on", 512 << 10, 256), "staged": ("on", 1 << 50, 1)}
-"""path: (staged mode, threshold bytes, min writes); ``auto`` is the default policy."""
+PATHS = {
+    "direct": ("off", 512 << 10, 1, "nixl"),
+    "auto": ("on", 512 << 10, 256, "nixl"),
+    "staged": ("on", 1 << 50, 1, "nixl"),
+    "ipc": ("off", 512 << 10, 1, "cuda-ipc"),
+}
+"""path: (staged mode, threshold bytes, min writes, backend); ``auto`` is NIXL's default policy,
+``ipc`` the ``cuda-ipc`` transport (one copy kernel per room, page to page)."""
 
 
 def config(
     case: str, path: str, *, requests: int, slot_mib: int, slots: int, kernel: str, device: str = "cuda"
 ) -> AgentConfig:
     page, layers, pool = CASES[case]
-    mode, threshold, min_writes = PATHS[path]
+    mode, threshold, min_writes, backend = PATHS[path]
     staged = StagedConfig(
         mode=mode,  # type: ignore[arg-type]
         threshold_bytes=threshold,
@@ -67,8 +74,12 @@ def config(
             profile=None, kv_item_len=page, kv_layers=layers, pool_pages=pool, max_requests=4, page_size=64
         ),
         transfer=TransferConfig(
-            timeout_seconds=60, heartbeat_interval_seconds=1.0, device=device, staged=staged
-        ),  # type: ignore[arg-type]
+            backend=backend,  # type: ignore[arg-type]
+            timeout_seconds=60,
+            heartbeat_interval_seconds=1.0,
+            device=device,  # type: ignore[arg-type]
+            staged=staged,
+        ),
         synthetic=SyntheticConfig(requests_per_second=0, requests=requests, tokens=(64,), max_inflight=1),
     )
 

@@ -13,7 +13,9 @@ request at full size) it measures, side by side in one run:
 - ``direct``: the agent's path, ``NixlTransport.write`` of the plan, one write per component;
 - ``staged``: every write staged (``dataplane.staging``: gather kernel into a registered slot, one
   write, notice, scatter kernel on decode, ack), per slot size given;
-- ``auto``: the per-component policy (``choose_paths``, threshold ``--threshold-kib``).
+- ``auto``: the per-component policy (``choose_paths``, threshold ``--threshold-kib``);
+- ``ipc``: the ``cuda-ipc`` transport (``transports.cuda_ipc``): decode's regions mapped into prefill
+  through CUDA IPC, the whole plan one ``copy_spans`` kernel, page to page; done at its CUDA event.
 
 Times are medians; staged/auto end when decode's last scatter is acknowledged, direct/raw when the
 initiator sees the write complete. Every path's bytes are verified per component (positional
@@ -58,8 +60,8 @@ from dataplane.staging import (
     region_rows,
 )
 from dataplane.staging.gpu import TorchStager
-from dataplane.staging.kernels import copy_rows
-from dataplane.transports import NixlTransport, Transfer, TransferState, Writes
+from dataplane.transports import NixlTransport, Transfer, TransferState, Transport, Writes
+from dataplane.transports.cuda_ipc import CudaIpcTransport
 from dataplane.transports.nixl import load_sdk
 
 STAGING_BYTES = 1 << 30
@@ -103,6 +105,7 @@ class Decode:
         self.cmd, self.stg = cmd, stg
         self.layout: Layout | None = None
         self.transport: NixlTransport | None = None
+        self.ipc: CudaIpcTransport | None = None
         self.raw: Any = None
         self.receiver: StagedLanding | None = None
         self.stg_poll, self.cmd_poll = select.poll(), select.poll()
@@ -130,10 +133,12 @@ class Decode:
         sdk = load_sdk()
         self.raw = sdk.nixl_agent(f"rawd-{msg['i']}", sdk.nixl_agent_config(enable_listen_thread=False))
         self.raw.register_memory([(layout.arena.data_ptr(), layout.arena.numel(), 0, "")], "VRAM")
+        self.ipc = CudaIpcTransport(0)
+        ipc_blobs = self.ipc.register(layout.regions)
         torch.cuda.synchronize()
         return {"endpoint": self.transport.endpoint(), "blobs": blobs,
                 "raw": bytes(self.raw.get_agent_metadata()), "arena": layout.arena.data_ptr(),
-                "ipc": list(layout.arena.untyped_storage()._share_cuda_())}
+                "ipc_endpoint": self.ipc.endpoint(), "ipc_blobs": ipc_blobs}
 
     def op_slots(self, msg: dict[str, Any]) -> dict[str, Any]:
         layout = self.layout
@@ -169,7 +174,9 @@ class Decode:
 
         if self.transport is not None:
             self.transport.close()
-        self.layout = self.transport = self.raw = self.receiver = None
+        if self.ipc is not None:
+            self.ipc.close()
+        self.layout = self.transport = self.raw = self.receiver = self.ipc = None
         torch.cuda.empty_cache()
         return {}
 
@@ -198,7 +205,7 @@ def timed(fn: Callable[[], None], min_s: float, max_reps: int) -> list[float]:
     return times
 
 
-def spin(transport: NixlTransport, transfers: list[Transfer], deadline: float) -> None:
+def spin(transport: Transport, transfers: list[Transfer], deadline: float) -> None:
     for t in transfers:
         while (state := transport.poll(t)) is TransferState.IN_PROGRESS:
             if time.monotonic() > deadline:
@@ -247,8 +254,9 @@ class Prefill:
         raw_peer = raw.add_remote_agent(reply["raw"])
         torch.cuda.synchronize()
         ctx = Ctx(self, case, layout, plan, expected, transport, peer, raw, raw_peer, reply["arena"])
-        ctx.remote = torch.empty(0, dtype=torch.uint8, device="cuda").set_(
-            torch.UntypedStorage._new_shared_cuda(*reply["ipc"]))
+        ctx.ipc = CudaIpcTransport(0)
+        ctx.ipc.register(layout.regions)
+        ctx.ipc_peer = ctx.ipc.connect("decode", reply["ipc_endpoint"], reply["ipc_blobs"])
         row: dict[str, Any] = {"case": case.name, "bytes": plan.total_bytes, "writes": len(plan),
                                "components": {str(k): v for k, v in plan.bytes_by_component().items()}}
         row["d2d"] = ctx.d2d()
@@ -257,6 +265,7 @@ class Prefill:
         row["raw"] = ctx.measure("raw", ctx.raw_once)
         row["direct"] = ctx.measure("direct", ctx.direct_once)
         row["ipc"] = ctx.measure("ipc", ctx.ipc_once)
+        row["ipc"]["post_us"] = statistics.median(ctx.ipc_post_us)
         for kernel in self.args.kernels:
             for mib in self.args.slot_mib:
                 once = ctx.staged(mib * MiB, None, kernel)
@@ -273,7 +282,7 @@ class Prefill:
             row[f"staged-{kernel}@{mib}x{n}"] = ctx.measure(f"staged x{n}", once, requests=n)
         if case.name in (self.args.profile or ()):
             self.profile(ctx.staged(self.args.slot_mib[-1] * MiB, None, self.args.kernels[-1]))
-        ctx.remote = None
+        ctx.ipc.close()
         transport.close()
         self.call("teardown")
         del ctx, layout
@@ -291,8 +300,10 @@ class Ctx:
         self.remote_arena = remote_arena
         self.parts = [as_writes(plan.select(plan.component == c)) for c in np.unique(plan.component).tolist()]
         self.sender: StagedSender | None = None
-        self.remote: Any = None
-        self.ipc_stager: TorchStager | None = None
+        self.ipc: Any = None
+        self.ipc_peer: Any = None
+        self.whole = as_writes(plan)
+        self.ipc_post_us: list[float] = []
 
     def measure(self, name: str, once: Callable[[], None], requests: int = 1) -> dict[str, Any]:
         self.pf.call("poison")
@@ -401,19 +412,13 @@ class Ctx:
             raise RuntimeError(f"raw NIXL transfer ended {state}")
 
     def ipc_once(self) -> None:
-        """Same-GPU peer through CUDA IPC: one row-copy kernel per component, straight from prefill's
-        pages into decode's mapped pages (no engine, no staging); done when the kernels are."""
-        import torch
-
-        lay = self.layout
-        if self.ipc_stager is None:
-            self.ipc_stager = TorchStager(lay.arena, lay.staging, kernel="triton")
-        for i, piece in enumerate(pieces_of(0, self.plan, lay.bases, lay.sizes, 1 << 62)):
-            dst = expand(piece.dst, *region_rows(lay.bases, lay.sizes, piece.chunk))
-            src_idx = self.ipc_stager.indices(piece.src_rows, -2 * i - 1)
-            dst_idx = self.ipc_stager.indices(dst, -2 * i - 2)
-            copy_rows(_rows64(lay.arena, piece.chunk), _rows64(self.remote, piece.chunk), src_idx, dst_idx)
-        torch.cuda.current_stream().synchronize()
+        """The ``cuda-ipc`` transport: the whole plan as one write (one kernel), as the agent sends a
+        room over it; done when its event is. ``ipc_post_us`` keeps how long ``write`` took to return
+        (host planning and the launch)."""
+        t0 = time.perf_counter()
+        transfer = self.ipc.write(self.ipc_peer, self.whole)
+        self.ipc_post_us.append((time.perf_counter() - t0) * 1e6)
+        spin(self.ipc, [transfer], time.monotonic() + DEADLINE_S)
 
     def direct_once(self) -> None:
         deadline = time.monotonic() + DEADLINE_S
@@ -460,12 +465,6 @@ class Ctx:
             spin(transport, transfers, deadline)
 
         return once
-
-
-def _rows64(buf: Any, chunk: int) -> Any:
-    import torch
-
-    return buf[: buf.numel() // chunk * chunk].view(torch.int64).view(-1, chunk // 8)
 
 
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:

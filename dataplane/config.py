@@ -15,7 +15,7 @@ import msgspec
 from .errors import BadInput
 
 Role = Literal["prefill", "decode"]
-Backend = Literal["nixl", "mori"]
+Backend = Literal["nixl", "mori", "cuda-ipc"]
 FORMAT_VERSION = 1
 
 

@@ -280,7 +280,7 @@ class PrefillWorker(RoleWorker):
                 room.data.staged = (time.perf_counter(), staged)
             if len(plan) == 0:
                 return  # every component staged
-        for parts, writes in transfer_requests(plan):
+        for parts, writes in transfer_requests(plan, self.transport.one_request_rows):
             start = time.perf_counter()
             room.data.pending.append((self.transport.write(dp.peer, writes), start, parts))
         self.advance(room)  # writes an engine completes while posting: Success goes out now

@@ -36,11 +36,14 @@ def writes_by_component(plan: WritePlan) -> list[tuple[int, Writes]]:
     return [(c, Writes(*(col[a:b] for col in cols))) for c, a, b in zip(ids, edges, edges[1:], strict=False)]
 
 
-def transfer_requests(plan: WritePlan) -> list[tuple[list[Part], Writes]]:
+def transfer_requests(
+    plan: WritePlan, one_request_rows: int = ONE_REQUEST_ROWS
+) -> list[tuple[list[Part], Writes]]:
     """The plan as engine requests, each with its share of every component: one request for a room
-    of at most ``ONE_REQUEST_ROWS`` writes, else one per component (``writes_by_component``)."""
+    of at most ``one_request_rows`` writes, else one per component (``writes_by_component``). An
+    engine without a per-descriptor cost (``Transport.one_request_rows``) takes any room as one."""
     n = len(plan.component)
-    if n > ONE_REQUEST_ROWS or n == 0:
+    if n > one_request_rows or n == 0:
         return [([(comp, w.nbytes, len(w))], w) for comp, w in writes_by_component(plan)]
     shares: dict[int, list[int]] = {}
     for comp, size in zip(plan.component.tolist(), plan.size.tolist(), strict=True):

@@ -24,6 +24,7 @@ import msgspec
 import zmq
 
 from ..config import AgentConfig
+from ..errors import BadInput
 from ..schema import RoleSchema
 from ..schema.profiles import schema_from_config
 from ..transports import Transport
@@ -42,6 +43,12 @@ log = logging.getLogger("pdpair.agent.runtime")
 
 def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = None) -> Transport:
     """The configured engine; its SDK is imported only here, lazily — or ``sdk`` is used instead."""
+    if cfg.transfer.backend == "cuda-ipc":
+        if cfg.transfer.device != "cuda":
+            raise BadInput("transfer.backend cuda-ipc moves GPU memory: it needs transfer.device cuda")
+        from ..transports.cuda_ipc import CudaIpcTransport
+
+        return CudaIpcTransport(cfg.transfer.gpu_id)
     if cfg.transfer.backend == "mori":
         from ..transports.mori import MoriTransport
 

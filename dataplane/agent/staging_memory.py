@@ -24,9 +24,11 @@ log = logging.getLogger("pdpair.agent.staged")
 
 
 def staging_enabled(cfg: AgentConfig) -> bool:
-    """``auto`` stages only GPU pools (where per-page engine writes cost most); ``on`` also host."""
+    """``auto`` stages only GPU pools (where per-page engine writes cost most) behind an engine:
+    the ``cuda-ipc`` transport copies page to page in one kernel already; ``on`` also host."""
     mode = cfg.transfer.staged.mode
-    return mode == "on" or (mode == "auto" and cfg.transfer.device == "cuda")
+    auto = cfg.transfer.device == "cuda" and cfg.transfer.backend != "cuda-ipc"
+    return mode == "on" or (mode == "auto" and auto)
 
 
 class StagingMemory:

@@ -5,107 +5,22 @@ so the transport registers exactly the engine's regions and nothing else: the pl
 transport's bounds checks then keep every write inside memory the engine registered.
 
 - ``fd`` / ``shm``: host memory, mapped shared (``shm.map_fd`` / ``shm.map_named``), numpy views.
-- ``cuda_ipc``: ``cudaIpcOpenMemHandle`` through CuPy when installed, else ctypes on ``libcudart``
-  (no torch needed), wrapped as a ``DeviceBuffer`` that the pools and the transport read address and
-  size from.
-  Closing calls ``cudaIpcCloseMemHandle``. On AMD the same calls exist in ``libamdhip64`` as ``hipIpc*``.
+- ``cuda_ipc``: ``transports.ipc_memory.open_ipc`` (CuPy when installed, else ctypes on ``libcudart``
+  or ``libamdhip64``; no torch needed), wrapped as a ``DeviceBuffer`` that the pools and the transport
+  read address and size from.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import BadInput, SchemaError
 from ..schema import RoleSchema
+from ..transports.ipc_memory import DeviceBuffer, open_ipc
 from .messages import PoolRegion
 from .shm import Mapping, map_fd, map_named
-
-
-class DeviceBuffer:
-    """A device allocation's address and size, duck-typed like a flat uint8 tensor for the pools."""
-
-    def __init__(self, ptr: int, size: int, device_id: int):
-        self.ptr, self.size, self.device_id = ptr, size, device_id
-
-    def numel(self) -> int:
-        return self.size
-
-    def element_size(self) -> int:
-        return 1
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-    def is_contiguous(self) -> bool:
-        return True
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
-
-
-class _IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
-
-
-def _cudart() -> Any:
-    """libcudart (or libamdhip64), loaded on first use; error if neither is present."""
-    for name in ("cudart", "amdhip64"):
-        path = ctypes.util.find_library(name)
-        for candidate in [path] if path else [f"lib{name}.so", f"lib{name}.so.13", f"lib{name}.so.12"]:
-            try:
-                lib = ctypes.CDLL(candidate)
-            except OSError:
-                continue
-            prefix = "cuda" if name == "cudart" else "hip"
-            return lib, prefix
-    raise BadInput("cuda_ipc regions need libcudart (CUDA) or libamdhip64 (ROCm) in the agent")
-
-
-def open_ipc(handle: bytes, device_id: int) -> tuple[int, Callable[[], None]]:
-    """Open an IPC memory handle on ``device_id``: (device pointer, closer). CuPy's runtime bindings
-    when CuPy is installed (they find the CUDA runtime wherever it lives), else ctypes."""
-    if len(handle) != 64:
-        raise BadInput(f"IPC handle must be 64 bytes, got {len(handle)}")
-    try:
-        import cupy
-    except ImportError:
-        return _open_ipc_ctypes(handle, device_id)
-    try:
-        with cupy.cuda.Device(device_id):
-            ptr = int(cupy.cuda.runtime.ipcOpenMemHandle(handle, 1))
-    except Exception as exc:  # cupy raises its own CUDARuntimeError
-        raise BadInput(f"cudaIpcOpenMemHandle failed: {exc}") from exc
-    return ptr, lambda: cupy.cuda.runtime.ipcCloseMemHandle(ptr)
-
-
-_NO_DEVICE = {100: "no device", 101: "invalid device ordinal"}
-"""cudaErrorNoDevice / cudaErrorInvalidDevice; HIP uses the same codes."""
-
-
-def _open_ipc_ctypes(handle: bytes, device_id: int) -> tuple[int, Callable[[], None]]:
-    lib, p = _cudart()
-    rc = getattr(lib, f"{p}SetDevice")(ctypes.c_int(device_id))
-    if rc in _NO_DEVICE:
-        raise BadInput(
-            f"{p}SetDevice({device_id}) failed with error {rc} ({_NO_DEVICE[rc]}): this container sees "
-            "no such GPU, so it cannot open the engine's IPC handles; the engine and the agent must share "
-            "the device (in Kubernetes: resources.gpuAllocation 'dra', docs/operator.md)"
-        )
-    if rc:
-        raise BadInput(f"{p}SetDevice({device_id}) failed with error {rc}")
-    ptr = ctypes.c_void_p()
-    h = _IpcHandle()
-    ctypes.memmove(ctypes.addressof(h), handle, 64)
-    rc = getattr(lib, f"{p}IpcOpenMemHandle")(ctypes.byref(ptr), h, ctypes.c_uint(1))
-    if rc or not ptr.value:
-        raise BadInput(f"{p}IpcOpenMemHandle failed with error {rc}")
-    value = int(ptr.value)
-    return value, lambda: getattr(lib, f"{p}IpcCloseMemHandle")(ctypes.c_void_p(value))
 
 
 class MappedPools:

@@ -1,0 +1,121 @@
+"""The ``cuda-ipc`` transport on a real GPU: a second process's regions mapped through CUDA IPC and
+written by one copy kernel per batch; then the real agents over it (``transfer.backend: cuda-ipc``),
+every byte verified by decode. Needs a CUDA GPU with Triton: CPU-only CI skips these with that reason
+(``tests/unit/test_spans.py`` covers the kernel's work list there).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from tests.integration.test_agent_two_process import agents, assert_all_verified, config, finished, wait_for
+
+torch = pytest.importorskip("torch", reason="needs a CUDA GPU")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+PAGES, PAGE = 512, 4096
+
+
+def _owner(conn: Any) -> None:
+    """The decode side: owns two regions (one allocation each), exports them, reports their bytes."""
+    from dataplane.transports import MemoryRegion
+    from dataplane.transports.cuda_ipc import CudaIpcTransport
+
+    bufs = [torch.full((PAGES * PAGE,), 0x5A, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    transport = CudaIpcTransport(0)
+    blobs = transport.register([MemoryRegion(b.data_ptr(), b.numel(), "cuda", 0) for b in bufs])
+    torch.cuda.synchronize()
+    conn.send((transport.endpoint(), blobs))
+    assert conn.recv() == "read"
+    conn.send([b.cpu().numpy() for b in bufs])
+    conn.recv()
+    transport.close()
+
+
+def test_pages_land_where_the_plan_says_and_nowhere_else() -> None:
+    from dataplane.transports import MemoryRegion, TransferState, Writes
+    from dataplane.transports.cuda_ipc import CudaIpcTransport
+
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_owner, args=(theirs,), daemon=True)
+    child.start()
+    try:
+        src = torch.randint(0, 256, (2, PAGES * PAGE), dtype=torch.uint8, device="cuda")
+        transport = CudaIpcTransport(0)
+        transport.register([MemoryRegion(s.data_ptr(), s.numel(), "cuda", 0) for s in src])
+        endpoint, blobs = mine.recv()
+        peer = transport.connect("decode", endpoint, blobs)
+        rng = np.random.default_rng(7)
+        n = 300
+        dst_pages = rng.choice(2 * PAGES, n, replace=False)
+        src_pages = rng.integers(0, 2 * PAGES, n)
+        sizes = rng.choice([PAGE, PAGE // 2, 64, 16 * PAGE], n)
+        sizes = np.minimum(sizes, (PAGES - dst_pages % PAGES) * PAGE, dtype=np.int64)
+        sizes = np.minimum(sizes, (PAGES - src_pages % PAGES) * PAGE)
+        keep, end = np.zeros(n, bool), 0
+        for i in np.argsort(dst_pages).tolist():  # destinations must not overlap within one batch
+            if dst_pages[i] * PAGE >= end:
+                keep[i], end = True, dst_pages[i] * PAGE + sizes[i]
+        s, d = src_pages[keep], dst_pages[keep]
+        w = Writes.of(SimpleNamespace(
+            local_region=s // PAGES, local_offset=s % PAGES * PAGE, remote_region=d // PAGES,
+            remote_offset=d % PAGES * PAGE, size=sizes[keep],
+        ))
+        odd = Writes.of(SimpleNamespace(  # byte-aligned: the kernel's 1-byte unit
+            local_region=np.array([0, 1]), local_offset=np.array([3, 5]), remote_region=np.array([1, 0]),
+            remote_offset=np.array([7, PAGE + 1]), size=np.array([13, 3 * PAGE + 1]),
+        ))
+        for batch in (w, odd):
+            transfer = transport.write(peer, batch)
+            transport.wait(transfer, time.monotonic() + 30)
+            assert transport.poll(transfer) is TransferState.DONE
+        mine.send("read")
+        got = mine.recv()
+        want = [np.full(PAGES * PAGE, 0x5A, np.uint8) for _ in range(2)]
+        host = src.cpu().numpy()
+        for batch in (w, odd):
+            b = batch
+            for lr, lo, rr, ro, size in zip(
+                b.local_region, b.local_offset, b.remote_region, b.remote_offset, b.size, strict=True
+            ):
+                want[rr][ro:ro + size] = host[lr][lo:lo + size]
+        assert all(np.array_equal(g, x) for g, x in zip(got, want, strict=True))
+        transport.close()
+    finally:
+        mine.send("bye")
+        child.join(30)
+
+
+def test_a_peer_on_another_node_is_refused() -> None:
+    from dataplane.errors import IncompatiblePeer
+    from dataplane.transports import MemoryRegion
+    from dataplane.transports.cuda_ipc import CudaIpcTransport, _encode, _Endpoint
+
+    buf = torch.zeros(PAGE, dtype=torch.uint8, device="cuda")
+    transport = CudaIpcTransport(0)
+    blobs = transport.register([MemoryRegion(buf.data_ptr(), PAGE, "cuda", 0)])
+    elsewhere = _encode.encode(_Endpoint("another-boot-id", "node-b", 1, 0))
+    with pytest.raises(IncompatiblePeer, match="another node"):
+        transport.connect("decode", elsewhere, blobs)
+    transport.close()
+
+
+@pytest.mark.parametrize("profile", ["qwen3-next", "deepseek-v3.2"])
+def test_agents_over_cuda_ipc_verify_every_byte(tmp_path, profile) -> None:
+    base = config(profile)
+    gpu = msgspec.structs.replace(base.transfer, device="cuda", backend="cuda-ipc")
+    with agents(tmp_path, msgspec.structs.replace(base, transfer=gpu)) as (_prefill, decode):
+        wait_for(lambda: finished(decode, 12), what="12 requests")
+        assert_all_verified(decode, 12, {"kv", "aux"})
