@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from ..schema import KV_COMPONENT
 
-__all__ = ["HEADER", "KERNEL", "describe", "pack_table"]
+__all__ = ["HEADER", "KERNEL", "compiled", "describe", "pack_table"]
 
 log = logging.getLogger(__name__)
 
@@ -141,35 +141,42 @@ def _compile() -> Kernel | None:
     """The compiled kernel, or ``None`` (numba missing, disabled by ``PDPAIR_PLANNER_KERNEL=0``, or
     failing to compile: then with a warning in the log)."""
     global _WHY_NOT
-    if os.environ.get(ENV, "1") == "0":
-        _WHY_NOT = f"{ENV}=0"
-        return None
-    try:
-        import numba
-    except ImportError:
-        _WHY_NOT = "numba not installed"
-        return None
-    t = numba.types
+    kernel, _WHY_NOT = compiled(_source, _signature, ENV)
+    return cast(Kernel | None, kernel)
+
+
+def _signature(t: Any) -> Any:
     pages = t.Array(t.int32, 1, "A", readonly=True)
     table = t.Array(t.int64, 1, "C", readonly=True)
     out = t.Tuple((t.Array(t.int64, 2, "C"), t.Array(t.int32, 2, "C"), t.Array(t.int16, 1, "C")))
-    sig = out(pages, pages, table, table)
+    return out(pages, pages, table, table)
 
-    def jit(cache: bool) -> Kernel:
-        dispatcher = numba.njit(sig, cache=cache, nogil=True, boundscheck=False, error_model="numpy")
-        return cast(Kernel, dispatcher(_source))
+
+def compiled(source: Callable[..., Any], signature: Callable[[Any], Any], env: str) -> tuple[Any, str]:
+    """``source`` compiled by numba for ``signature(numba.types)`` (nogil, on-disk cache where one is
+    writable), or ``(None, why not)``: numba missing, ``env=0`` in the environment, or a failure to
+    compile (logged). Shared by every compiled fast path, each with a numpy twin."""
+    if os.environ.get(env, "1") == "0":
+        return None, f"{env}=0"
+    try:
+        import numba
+    except ImportError:
+        return None, "numba not installed"
+    sig = signature(numba.types)
+
+    def jit(cache: bool) -> Any:
+        return numba.njit(sig, cache=cache, nogil=True, boundscheck=False, error_model="numpy")(source)
 
     try:
         try:
-            return jit(cache=True)
+            return jit(cache=True), ""
         except RuntimeError:  # no writable cache location: compile in memory, every start-up
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return jit(cache=False)
+                return jit(cache=False), ""
     except Exception as exc:
-        log.warning("planner kernel unavailable (%s: %s); using the numpy path", type(exc).__name__, exc)
-        _WHY_NOT = f"kernel failed to compile: {type(exc).__name__}"
-        return None
+        log.warning("%s unavailable (%s: %s); using numpy", source.__name__, type(exc).__name__, exc)
+        return None, f"kernel failed to compile: {type(exc).__name__}"
 
 
 _WHY_NOT = ""

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import numpy as np
 
 from ..errors import BadInput, DeadlineExceeded, PlanError, TransferFailed
+from .batch_kernels import FIRST_BAD
 
 Device = Literal["cpu", "cuda"]
 
@@ -101,6 +102,14 @@ def check_bounds(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarr
     if n <= SMALL:
         _check_rows(writes, local_sizes.tolist(), remote_sizes.tolist())
         return
+    if FIRST_BAD is not None:
+        try:
+            bad = FIRST_BAD(writes.local_region, writes.local_offset, writes.remote_region,
+                            writes.remote_offset, writes.size, local_sizes, remote_sizes)
+        except TypeError:  # arrays of other dtypes than the compiled signature's
+            bad = 0
+        if bad < 0:
+            return
     if writes.size.min() <= 0 or writes.local_offset.min() < 0 or writes.remote_offset.min() < 0:
         raise PlanError("write sizes must be positive and offsets non-negative")
     for side, ids, offs, sizes in (

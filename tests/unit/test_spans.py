@@ -1,5 +1,6 @@
 """The copy kernel's work list (``transports.spans``): replayed in numpy, it must move exactly the
-writes' bytes, in units that divide every address, with no span longer than the cut."""
+writes' bytes, in units that divide every address, with no span longer than the cut; the compiled
+passes (``batch_kernels``, numba) must give exactly what their numpy twins give."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.transports.spans import MAX_CHUNK, MIN_CHUNK, chunk_for, plan_spans, unit_of
+try:
+    import numba  # noqa: F401
+
+    NUMBA = True
+except ImportError:
+    NUMBA = False
+
+from dataplane.errors import PlanError
+from dataplane.transports.base import Writes, check_bounds
+from dataplane.transports.batch_kernels import FIRST_BAD, SPAN_SCAN
+from dataplane.transports.spans import MAX_CHUNK, MIN_CHUNK, chunk_for, plan_spans, plan_writes, unit_of
 
 
 def replay(table: np.ndarray, unit: int, src: np.ndarray, dst: np.ndarray) -> None:
@@ -74,3 +85,48 @@ def test_bad_batches_are_refused() -> None:
         plan_spans(np.array([0]), np.array([0]), np.array([0]))
     with pytest.raises(ValueError, match="one length"):
         plan_spans(np.array([0, 1]), np.array([0]), np.array([1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(), st.integers(1, 4))
+def test_compiled_passes_match_the_numpy_twins(batch: tuple[np.ndarray, ...], regions: int) -> None:
+    """``plan_writes`` (numba when installed) builds exactly ``plan_spans``' table from region ids."""
+    assert SPAN_SCAN is not None or not NUMBA
+    src, dst, size, _ = batch
+    span = 1 << 22
+    lr, rr = (a // span % regions for a in (src, dst))
+    laddr = (1 << 40) + np.arange(regions, dtype=np.int64) * (span * 8)
+    raddr = (1 << 41) + np.arange(regions, dtype=np.int64) * (span * 8)
+    lo, ro = src - lr * span, dst - rr * span
+    bases = (1 << 40, (1 << 41) - 4096)
+    got = plan_writes(lr.astype(np.int32), lo, rr.astype(np.int32), ro, size, (laddr, raddr), bases)
+    want = plan_spans(laddr[lr] - bases[0] + lo, raddr[rr] - bases[1] + ro, size, bases)
+    assert (got.unit, got.mean_units) == (want.unit, want.mean_units)
+    assert np.array_equal(got.table, want.table)
+
+
+def test_compiled_bounds_check_finds_what_the_numpy_path_reports() -> None:
+    n = 100
+    at = np.arange(n) * 64
+    ok = Writes(np.zeros(n, np.int32), at, np.ones(n, np.int32), at, np.full(n, 64))
+    sizes = np.array([n * 64, n * 64], dtype=np.int64)
+    check_bounds(ok, sizes, sizes)
+    bad = Writes(ok.local_region, ok.local_offset, ok.remote_region, ok.remote_offset.copy(), ok.size)
+    bad.remote_offset[37] = n * 64 - 32
+    with pytest.raises(PlanError, match="write 37: remote region 1"):
+        check_bounds(bad, sizes, sizes)
+    if FIRST_BAD is not None:
+        assert FIRST_BAD(*(getattr(bad, f) for f in ("local_region", "local_offset", "remote_region",
+                                                       "remote_offset", "size")), sizes, sizes) == 37
+
+
+def test_without_numba_plan_writes_takes_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataplane.transports import spans as mod
+
+    monkeypatch.setattr(mod, "SPAN_SCAN", None)
+    pages = np.arange(8, dtype=np.int64) * 4096
+    addrs = (np.array([1 << 40, (1 << 40) + (1 << 30)]), np.array([1 << 41]))
+    got = plan_writes(np.array([0, 1] * 4, np.int32), pages, np.zeros(8, np.int32), pages[::-1].copy(),
+                      np.full(8, 4096), addrs, (1 << 40, 1 << 41))
+    want = [(p + (i % 2 << 30)) // 16 for i, p in enumerate(pages.tolist())]
+    assert got.unit == 16 and got.table[0].tolist() == want
