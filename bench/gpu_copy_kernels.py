@@ -4,7 +4,6 @@ Needs a CUDA GPU and Triton:
 
     python3 bench/gpu_copy_kernels.py
 """
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,24 +13,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_kernels import timed
 from dataplane.staging.kernels import _span_kernel
 
 GiB = 1 << 30
-
-
-def timed(fn: Callable[[], object], reps: int = 20) -> float:
-    """Median seconds of ``fn`` between two CUDA events, after one warm-up call."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def table(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, chunk: int) -> torch.Tensor:
