@@ -119,3 +119,56 @@ def test_agents_over_cuda_ipc_verify_every_byte(tmp_path, profile) -> None:
     with agents(tmp_path, msgspec.structs.replace(base, transfer=gpu)) as (_prefill, decode):
         wait_for(lambda: finished(decode, 12), what="12 requests")
         assert_all_verified(decode, 12, {"kv", "aux"})
+
+
+def _dies(conn: Any) -> None:
+    """An exporter that is killed while its memory is mapped by the peer."""
+    from dataplane.transports import MemoryRegion
+    from dataplane.transports.cuda_ipc import CudaIpcTransport
+
+    buf = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda")
+    transport = CudaIpcTransport(0)
+    blobs = transport.register([MemoryRegion(buf.data_ptr(), buf.numel(), "cuda", 0)])
+    torch.cuda.synchronize()
+    conn.send((transport.endpoint(), blobs))
+    time.sleep(600)
+
+
+def test_a_killed_peer_never_breaks_the_writer() -> None:
+    """Writes into a killed peer's mapped memory end (done or failed, within their deadline), and the
+    writer's GPU context keeps working: the driver keeps an exporter's allocation while it is mapped."""
+    import os
+    import signal
+
+    from dataplane.transports import MemoryRegion, TransferState, Writes
+    from dataplane.transports.cuda_ipc import CudaIpcTransport
+
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_dies, args=(theirs,), daemon=True)
+    child.start()
+    src = torch.randint(0, 256, (64 << 20,), dtype=torch.uint8, device="cuda")
+    transport = CudaIpcTransport(0)
+    transport.register([MemoryRegion(src.data_ptr(), src.numel(), "cuda", 0)])
+    endpoint, blobs = mine.recv()
+    peer = transport.connect("decode", endpoint, blobs)
+    pages = np.arange(1024, dtype=np.int64) * 65536
+    zero = np.zeros(1024, np.int32)
+    w = Writes(zero, pages, zero, pages[::-1].copy(), np.full(1024, 65536))
+    first = transport.write(peer, w)
+    transport.wait(first, time.monotonic() + 30)
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(30)
+    states = []
+    for _ in range(3):
+        t = transport.write(peer, w)
+        deadline = time.monotonic() + 30
+        while transport.poll(t) is TransferState.IN_PROGRESS and time.monotonic() < deadline:
+            time.sleep(0.001)
+        states.append(transport.poll(t))
+    print("writes after the kill:", states)
+    assert all(s is not TransferState.IN_PROGRESS for s in states)
+    transport.disconnect(peer)
+    assert int((src[:16].to(torch.int64) * 0 + 1).sum().item()) == 16  # the context still works
+    transport.close()
