@@ -75,8 +75,9 @@ class DecodePeer:
 class PrefillRoom:
     decode: DecodePeer
     src: tuple[np.ndarray, int | None, list[np.ndarray | None]]
-    pending: list[tuple[Transfer, float, list[Part]]] = field(default_factory=list)
-    """(transfer, start, what it carries of each component) per engine request in flight."""
+    pending: list[tuple[Transfer, float, float, list[Part]]] = field(default_factory=list)
+    """(transfer, start, when ``write`` returned, what it carries of each component) per engine
+    request in flight."""
     staged: tuple[float, WritePlan] | None = None
     """(start, the part of the plan on the staged path) until decode acknowledged its last piece."""
 
@@ -282,7 +283,8 @@ class PrefillWorker(RoleWorker):
                 return  # every component staged
         for parts, writes in transfer_requests(plan, self.transport.one_request_rows):
             start = time.perf_counter()
-            room.data.pending.append((self.transport.write(dp.peer, writes), start, parts))
+            transfer = self.transport.write(dp.peer, writes)
+            room.data.pending.append((transfer, start, time.perf_counter(), parts))
         self.advance(room)  # writes an engine completes while posting: Success goes out now
 
     def poll_transfers(self) -> int:
@@ -299,7 +301,7 @@ class PrefillWorker(RoleWorker):
         if pr is None or not (pr.pending or pr.staged):
             return 0
         done, running, left = [], 0, []
-        for i, (transfer, start, parts) in enumerate(pr.pending):
+        for i, (transfer, start, posted, parts) in enumerate(pr.pending):
             state = self.transport.poll(transfer)
             if state is TransferState.IN_PROGRESS:
                 running += 1
@@ -310,7 +312,7 @@ class PrefillWorker(RoleWorker):
                 self.transfer_failed(room.key, transfer.error)
                 break
             end = time.perf_counter()
-            done += [(comp, nbytes, writes, start, end) for comp, nbytes, writes in parts]
+            done += [(comp, nbytes, writes, start, posted, end) for comp, nbytes, writes in parts]
         else:
             pr.pending = left
         staged = pr.staged
@@ -319,8 +321,8 @@ class PrefillWorker(RoleWorker):
             self.finish(self.rooms.advance(room.key, KVPoll.Success), KVPoll.Success)
             if staged is not None:
                 self.account_staged(room.peer, *staged)
-        for comp, nbytes, writes, start, end in done:  # after the status frame: off decode's path
-            self.account(comp, room.peer, nbytes, writes, end - start, start, end)
+        for comp, nbytes, writes, start, posted, end in done:  # after the status frame: off decode's path
+            self.account(comp, room.peer, nbytes, writes, end - start, start, end, post=posted - start)
         return running
 
     # ---- the staged path (agent/staged.py) ---------------------------------------------------

@@ -220,11 +220,13 @@ class RoleWorker(abc.ABC):
         return self._names.get(comp, (f"component-{comp}", "unknown"))
 
     def account(
-        self, comp: int, peer: str, nbytes: int, writes: int, seconds: float | None, start: float, end: float
+        self, comp: int, peer: str, nbytes: int, writes: int, seconds: float | None, start: float, end: float,
+        post: float | None = None,
     ) -> None:
+        """``post``: of ``seconds``, how long the engine's ``write`` took to return (host work)."""
         name, stype = self.component_name(comp)
         self.metrics.record_component(name, stype, peer, nbytes, writes, seconds)
-        self.stats.record(name, stype, nbytes, writes, seconds)
+        self.stats.record(name, stype, nbytes, writes, seconds, post)
         self.stats.window(start, end)
 
     def paired(self, label: str, instance: str = "") -> None:

@@ -25,6 +25,8 @@ class ComponentStats:
     verified_bytes: int = 0
     mismatched_bytes: int = 0
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    posts: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    """Of each latency, the time until the engine's ``write`` returned (prefill only)."""
 
 
 class StatsBook:
@@ -49,7 +51,8 @@ class StatsBook:
             self.last = end if self.last is None else max(self.last, end)
 
     def record(
-        self, component: str, state_type: str, nbytes: int, writes: int, seconds: float | None
+        self, component: str, state_type: str, nbytes: int, writes: int, seconds: float | None,
+        post: float | None = None,
     ) -> None:
         with self._lock:
             s = self._get(component, state_type)
@@ -58,6 +61,8 @@ class StatsBook:
             s.writes += writes
             if seconds is not None:
                 s.latencies.append(seconds)
+            if post is not None:
+                s.posts.append(post)
 
     def verified(self, component: str, state_type: str, nbytes: int, ok: bool) -> None:
         with self._lock:
@@ -74,14 +79,15 @@ class StatsBook:
         with self._lock:
             span = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
             copies = {
-                name: (dataclasses.replace(s, latencies=deque()), list(s.latencies))
+                name: (dataclasses.replace(s, latencies=deque(), posts=deque()),
+                       list(s.latencies), list(s.posts))
                 for name, s in self._by.items()
             }
-        comps = {name: _summary(s, lat, span) for name, (s, lat) in copies.items()}
+        comps = {name: _summary(s, lat, posts, span) for name, (s, lat, posts) in copies.items()}
         return {"components": comps, "transfer_window_seconds": span}
 
 
-def _summary(s: ComponentStats, latencies: list[float], span: float) -> dict[str, Any]:
+def _summary(s: ComponentStats, latencies: list[float], posts: list[float], span: float) -> dict[str, Any]:
     lat = np.array(latencies, dtype=np.float64) if latencies else None
     return {
         "state_type": s.state_type,
@@ -93,6 +99,7 @@ def _summary(s: ComponentStats, latencies: list[float], span: float) -> dict[str
         "gbps": (s.bytes / span / 1e9) if span > 0 else 0.0,
         "p50_ms": float(np.percentile(lat, 50) * 1e3) if lat is not None else None,
         "p99_ms": float(np.percentile(lat, 99) * 1e3) if lat is not None else None,
+        "post_p50_ms": float(np.percentile(posts, 50) * 1e3) if posts else None,
         "samples": 0 if lat is None else len(lat),
         "in_flight_seconds": float(lat.sum()) if lat is not None else 0.0,
     }
