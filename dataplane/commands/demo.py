@@ -39,6 +39,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ucx-tls", default=None, help="UCX_TLS for NIXL (e.g. tcp); default: UCX's choice")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="pools in host memory (default) or CUDA memory (needs torch and a GPU)")
+    p.add_argument("--backend", choices=("nixl", "cuda-ipc"), default="nixl",
+                   help="transfer engine: nixl (default) or cuda-ipc (needs --device cuda and Triton; "
+                        "docs/gpu.md)")
     p.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
     p.add_argument("--hold", type=float, default=0.0, help="keep the agents up this long after the run")
     p.add_argument("--json", action="store_true", help="print a JSON list of per-component results")
@@ -54,6 +57,7 @@ def demo_config(args: argparse.Namespace) -> Any:
     return AgentConfig(
         model=ModelConfig(profile=args.profile, pool_pages=512, max_requests=32),
         transfer=TransferConfig(
+            backend=args.backend,
             timeout_seconds=30,
             heartbeat_interval_seconds=0.5,
             device=args.device,
@@ -67,6 +71,10 @@ def demo_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from ..agent.launch import AgentProcess, loopback_pair
+
+    if args.backend == "cuda-ipc" and args.device != "cuda":
+        print("pdpair-agent demo: --backend cuda-ipc moves GPU memory: add --device cuda", file=sys.stderr)
+        return 2
 
     if args.sidecar:
         from ..localapi.demo import run_sidecar_demo
