@@ -65,6 +65,36 @@ def node_id() -> str:
         return socket.gethostname()
 
 
+def parse_peer(
+    peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]
+) -> tuple[_Endpoint, list[_Region]]:
+    """A peer's endpoint and region blobs, decoded and checked before any handle is opened: the peer
+    must run on this node, and every region must lie inside the allocation its handle names."""
+    try:
+        ep = _decode_endpoint.decode(endpoint)
+        regions = [_decode_region.decode(b) for b in remote_regions]
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireFormatError(f"cuda-ipc: peer {peer_id!r} sent a bad endpoint or region: {exc}") from exc
+    if ep.node != node_id():
+        raise IncompatiblePeer(
+            f"cuda-ipc: peer {peer_id!r} runs on another node ({ep.hostname}); CUDA IPC reaches only "
+            "this node's GPUs — use the nixl or mori backend between nodes"
+        )
+    if not regions:
+        raise WireFormatError(f"cuda-ipc: peer {peer_id!r} registered no regions")
+    for i, r in enumerate(regions):
+        if len(r.handle) != 64:
+            raise WireFormatError(
+                f"cuda-ipc: peer {peer_id!r} region {i}: IPC handle of {len(r.handle)} bytes, not 64"
+            )
+        if r.size <= 0 or r.offset < 0 or r.offset + r.size > r.alloc_size:
+            raise WireFormatError(
+                f"cuda-ipc: peer {peer_id!r} region {i} [{r.offset}, +{r.size}) lies outside its "
+                f"{r.alloc_size}-byte allocation"
+            )
+    return ep, regions
+
+
 @dataclass(eq=False)
 class CudaIpcPeer(Peer):
     addrs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -136,21 +166,7 @@ class CudaIpcTransport(Transport):
         self._stream.synchronize()
 
     def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> CudaIpcPeer:
-        try:
-            ep = _decode_endpoint.decode(endpoint)
-            regions = [_decode_region.decode(b) for b in remote_regions]
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise WireFormatError(f"cuda-ipc: peer {peer_id!r} sent a bad endpoint or region: {exc}") from exc
-        if ep.node != node_id():
-            raise IncompatiblePeer(
-                f"cuda-ipc: peer {peer_id!r} runs on another node ({ep.hostname}); CUDA IPC reaches only "
-                "this node's GPUs — use the nixl or mori backend between nodes"
-            )
-        if not regions or any(
-            r.size <= 0 or r.offset < 0 or r.offset + r.size > r.alloc_size or len(r.handle) != 64
-            for r in regions
-        ):
-            raise WireFormatError(f"cuda-ipc: peer {peer_id!r} sent a region outside its allocation")
+        ep, regions = parse_peer(peer_id, endpoint, remote_regions)
         peer = CudaIpcPeer(peer_id, np.array([r.size for r in regions], dtype=np.int64))
         try:
             mapped: dict[int, int] = {}
