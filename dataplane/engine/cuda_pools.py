@@ -4,7 +4,7 @@ One plain ``cudaMalloc`` (CuPy's unpooled ``cupy.cuda.Memory``, so the allocatio
 the pointer the handle names — a caching allocator's sub-block would need its offset inside the
 block) holds every region back to back, 256-byte aligned. Its ``cudaIpcGetMemHandle`` goes to the
 agent in every ``PoolRegion`` with the region's offset, and the agent opens it once
-(``localapi.mapping.open_ipc``). The engine's own views are torch uint8 tensors over the same memory
+(``transports.ipc_memory.open_ipc``). The engine's own views are torch uint8 tensors over the same memory
 (``__cuda_array_interface__``), which is what ``MemoryPools`` reads and writes. CuPy and torch are
 imported only here, only when an engine asks for device pools.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..localapi.mapping import DeviceBuffer
 from ..localapi.messages import PoolRegion
+from ..transports.ipc_memory import DeviceBuffer
 
 ALIGN = 256
 
