@@ -15,7 +15,7 @@ request at full size) it measures, side by side in one run:
   write, notice, scatter kernel on decode, ack), per slot size given;
 - ``auto``: the per-component policy (``choose_paths``, threshold ``--threshold-kib``);
 - ``ipc``: the ``cuda-ipc`` transport (``transports.cuda_ipc``): decode's regions mapped into prefill
-  through CUDA IPC, the whole plan one ``copy_spans`` kernel, page to page; done at its CUDA event.
+  through CUDA IPC, the whole plan one launch of the copy kernel, page to page; done at its CUDA event.
 
 Times are medians; staged/auto end when decode's last scatter is acknowledged, direct/raw when the
 initiator sees the write complete. Every path's bytes are verified per component (positional

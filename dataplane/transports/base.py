@@ -7,7 +7,8 @@ notices, deadline policy — lives in the agent and is written once.
 What the base class owns, so no adapter can forget it:
 
 - bounds: every write is checked against the local and remote region sizes *before* the engine sees it
-  (``PlanError``); nothing out of bounds ever reaches an engine;
+  (``PlanError``); nothing out of bounds ever reaches an engine — except one that checks every write
+  itself and skips those outside (``bounds_checked_by_engine``: cuda-ipc's copy kernel);
 - deadlines: ``wait`` polls until done, failed or past the deadline, and on a deadline aborts the
   transfer (a frozen peer over TCP never completes it) before raising ``DeadlineExceeded``.
 """
@@ -120,12 +121,14 @@ def check_bounds(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarr
         # tens of µs, and only a failing batch pays for finding its first bad row.
         if ids.min() < 0 or ids.max() >= len(sizes):
             i = int(np.argmax((ids < 0) | (ids >= len(sizes))))
-            _raise_region(i, side, int(ids[i]), len(sizes))
+            raise PlanError(_region_error(i, side, int(ids[i]), len(sizes)))
         end = offs + writes.size
         limit = sizes[0] if len(sizes) == 1 else np.take(sizes, ids)
         if np.any(end > limit):
             i = int(np.argmax(end > limit))
-            _raise_overflow(i, side, int(ids[i]), int(offs[i]), int(writes.size[i]), int(sizes[ids[i]]))
+            raise PlanError(
+                _overflow_error(i, side, int(ids[i]), int(offs[i]), int(writes.size[i]), int(sizes[ids[i]]))
+            )
 
 
 def _check_rows(writes: Writes, local_sizes: list[int], remote_sizes: list[int]) -> None:
@@ -134,21 +137,31 @@ def _check_rows(writes: Writes, local_sizes: list[int], remote_sizes: list[int])
         writes.remote_offset.tolist(), writes.size.tolist(), strict=True,
     )
     for i, (lr, lo, rr, ro, size) in enumerate(rows):
-        if size <= 0 or lo < 0 or ro < 0:
-            raise PlanError("write sizes must be positive and offsets non-negative")
-        for side, region, off, sizes in (("local", lr, lo, local_sizes), ("remote", rr, ro, remote_sizes)):
-            if not 0 <= region < len(sizes):
-                _raise_region(i, side, region, len(sizes))
-            if off + size > sizes[region]:
-                _raise_overflow(i, side, region, off, size, sizes[region])
+        why = write_error(i, lr, lo, rr, ro, size, local_sizes, remote_sizes)
+        if why is not None:
+            raise PlanError(why)
 
 
-def _raise_region(i: int, side: str, region: int, count: int) -> None:
-    raise PlanError(f"write {i}: {side} region {region} not in 0..{count - 1}")
+def write_error(
+    i: int, lr: int, lo: int, rr: int, ro: int, size: int, local_sizes: list[int], remote_sizes: list[int]
+) -> str | None:
+    """Why write ``i`` lies outside its regions (``check_bounds``' words), or None when it does not."""
+    if size <= 0 or lo < 0 or ro < 0:
+        return "write sizes must be positive and offsets non-negative"
+    for side, region, off, sizes in (("local", lr, lo, local_sizes), ("remote", rr, ro, remote_sizes)):
+        if not 0 <= region < len(sizes):
+            return _region_error(i, side, region, len(sizes))
+        if off + size > sizes[region]:
+            return _overflow_error(i, side, region, off, size, sizes[region])
+    return None
 
 
-def _raise_overflow(i: int, side: str, region: int, off: int, size: int, limit: int) -> None:
-    raise PlanError(f"write {i}: {side} region {region} [{off}, +{size}) overflows its {limit} bytes")
+def _region_error(i: int, side: str, region: int, count: int) -> str:
+    return f"write {i}: {side} region {region} not in 0..{count - 1}"
+
+
+def _overflow_error(i: int, side: str, region: int, off: int, size: int, limit: int) -> str:
+    return f"write {i}: {side} region {region} [{off}, +{size}) overflows its {limit} bytes"
 
 
 class TransferState(enum.Enum):
@@ -190,6 +203,9 @@ class Transport(ABC):
     one_request_rows: ClassVar[int] = 128
     """A room of at most this many writes goes as one ``write`` (``agent.requests``), larger ones as
     one per component: what suits an engine whose lists are prepared per block size (NIXL)."""
+    bounds_checked_by_engine: ClassVar[bool] = False
+    """The engine itself skips every write outside its regions and fails the transfer, naming the
+    first (cuda-ipc's copy kernel): ``write`` then leaves out the host's pass over the batch."""
     _local_sizes: np.ndarray = np.zeros(0, dtype=np.int64)
 
     @abstractmethod
@@ -220,11 +236,13 @@ class Transport(ABC):
         """Forget the peer; idempotent. Its in-flight transfers may fail."""
 
     def write(self, peer: Peer, writes: WriteSpec | Writes) -> Transfer:
-        """Start one-sided writes local → remote without blocking; bounds-checked first."""
+        """Start one-sided writes local → remote without blocking; bounds-checked first (``PlanError``),
+        or by the engine (``bounds_checked_by_engine``: the transfer fails)."""
         batch = writes if isinstance(writes, Writes) else Writes.of(writes)
         if not peer.connected:
             raise BadInput(f"{self.name}: peer {peer.peer_id!r} is disconnected")
-        check_bounds(batch, self._local_sizes, peer.remote_sizes)
+        if not self.bounds_checked_by_engine:
+            check_bounds(batch, self._local_sizes, peer.remote_sizes)
         if len(batch) == 0:
             return Transfer(peer, 0, 0, TransferState.DONE)
         return self._start(peer, batch)

@@ -4,11 +4,14 @@ For prefill and decode on one node (one GPU, or GPUs joined by NVLink), a transf
 per-descriptor costs: UCX's cuda_ipc path reached 0.3 GB/s on 4 KiB pages and about 55% of a
 device-to-device copy on 64 MiB blocks (docs/gpu.md). Here the peer's regions are mapped into this
 process once (``cudaIpcOpenMemHandle``), and a batch of writes — any number, any sizes, any regions —
-is one ``copy_spans`` launch on the transport's stream: the plan's offsets go to the GPU as one small
-table and every page is copied straight from its source page to its destination page, so small pages
-need no staging. Writes of 16 MiB and more go first, as ``cudaMemcpyAsync`` calls that start at once.
-Completion is a CUDA event. A kernel cannot be cancelled, but it never waits on the
-peer: it ends on its own, and ``disconnect`` waits for this stream before unmapping.
+is one launch of ``copy_kernel``: the plan's five columns go up as one table, and the kernel finds each
+write's addresses, checks its bounds and copies it page to page, so small pages need no staging and
+the host's work does not grow with the pages. Completion is a CUDA event; transfers finish in launch
+order (one stream), so their buffers are released oldest first. A kernel cannot be cancelled, but it
+never waits on the peer: it ends on its own, and ``disconnect`` waits for this stream before unmapping.
+
+Bounds are checked by the kernel (``bounds_checked_by_engine``): a write outside its regions is
+skipped, and the transfer fails naming the first such write, as ``check_bounds`` would have.
 
 Region blobs carry the allocation's IPC handle and the region's offset in it; the endpoint carries the
 node's boot id, and ``connect`` refuses a peer on another node (IPC handles mean nothing there).
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +32,10 @@ import msgspec
 import numpy as np
 
 from ..errors import BadInput, IncompatiblePeer, TransferFailed, WireFormatError
-from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
-from .ipc_memory import DeviceBuffer, export_ipc, memcpy_async, open_ipc
-from .spans import plan_writes
+from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes, write_error
+from .copy_kernel import CopyKernel, geometry, pack, region_table
+from .cudart import D2H, H2D, CudaError, runtime
+from .ipc_memory import export_ipc, open_ipc
 
 ALIGN = 256
 """Each side's base pointer is its lowest region's address rounded down to this (allocations are)."""
@@ -101,14 +107,17 @@ class CudaIpcPeer(Peer):
     """Mapped address of each remote region in this process."""
     base: int = 0
     closers: list[Callable[[], None]] = field(default_factory=list)
+    regions: Any = None
+    """The kernel's region table for this peer and us (``copy_kernel.region_table``), on the device."""
 
 
 @dataclass(eq=False)
 class CudaIpcTransfer(Transfer):
-    event: Any = None
+    event: int = 0
     table: Any = None
-    host_table: Any = None
-    """The span table on the device and in pinned host memory, kept until the transfer is done."""
+    """The batch's packed table: pinned host memory (numpy view), then the flag read back into it."""
+    buffers: tuple[Any, ...] = ()
+    """The pinned and device tables (``_Tables``), kept until the kernel is done with them."""
 
 
 class CudaIpcTransport(Transport):
@@ -117,9 +126,10 @@ class CudaIpcTransport(Transport):
     name = "cuda-ipc"
     one_request_rows = 1 << 62
     """Any room is one kernel: one launch and one event beat one per component."""
-    memcpy_bytes = 16 << 20
-    memcpy_max = 64
-    """Writes this large (up to this many in a batch) go as ``cudaMemcpyAsync`` calls (``_copy_large``)."""
+    bounds_checked_by_engine = True
+    spare_tables = 8
+    """Table buffers (pinned and device) kept for reuse: allocating them per batch cost ~35 µs in the
+    agent, a fifth of its host time per room (docs/gpu.md)."""
 
     def __init__(self, device_id: int = 0):
         import torch
@@ -130,12 +140,20 @@ class CudaIpcTransport(Transport):
         self._device = torch.device("cuda", device_id)
         self._device_id = device_id
         torch.cuda.set_device(device_id)
-        self._stream = torch.cuda.Stream(self._device)
-        self._ready = torch.cuda.Event()
+        self._rt = runtime()
+        self._rt.set_device(device_id)
+        self._thread = threading.get_ident()
+        self._tables: list[tuple[Any, Any, np.ndarray]] = []
+        self._stream_obj = torch.cuda.Stream(self._device)
+        self._stream = int(self._stream_obj.cuda_stream)
+        self._engine_stream = int(torch.cuda.default_stream(self._device).cuda_stream)
+        self._ready = self._rt.event()
+        self._events: list[int] = []
+        self._inflight: deque[CudaIpcTransfer] = deque()
+        self._kernel = CopyKernel(torch, self._device)  # compiled now, not inside a room's deadline
         self._addrs = np.zeros(0, dtype=np.int64)
         self._base = 0
         self._peers: list[CudaIpcPeer] = []
-        self._views: dict[tuple[int, int], Any] = {}
         self._closed = False
 
     def endpoint(self) -> bytes:
@@ -152,18 +170,7 @@ class CudaIpcTransport(Transport):
             blobs.append(_encode.encode(_Region(handle, offset, r.size, alloc_size, r.addr)))
         self._addrs = np.array([r.addr for r in regions], dtype=np.int64)
         self._base = int(self._addrs.min()) // ALIGN * ALIGN
-        self._span_kernel_warm()
         return blobs
-
-    def _span_kernel_warm(self) -> None:
-        """Compile the copy kernel's usual variants now, not inside the first room's deadline."""
-        from ..staging.kernels import copy_spans
-
-        empty = self._torch.zeros((3, 1), dtype=self._torch.int64, device=self._device)
-        with self._torch.cuda.stream(self._stream):
-            for mean in (128, 256, 512, 1024, 2048):  # every tile width, 16-byte units
-                copy_spans(self._view(self._base, 8), self._view(self._base, 8), empty, 2, mean)
-        self._stream.synchronize()
 
     def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> CudaIpcPeer:
         ep, regions = parse_peer(peer_id, endpoint, remote_regions)
@@ -181,11 +188,15 @@ class CudaIpcTransport(Transport):
                 [r.addr if ep.pid == os.getpid() else mapped[r.addr - r.offset] + r.offset for r in regions],
                 dtype=np.int64,
             )
+            peer.base = int(peer.addrs.min()) // ALIGN * ALIGN
+            table = region_table(
+                self._addrs - self._base, self._local_sizes, peer.addrs - peer.base, peer.remote_sizes
+            )
+            peer.regions = self._torch.from_numpy(table).to(self._device)
         except BaseException:
             for closer in peer.closers:
                 closer()
             raise
-        peer.base = int(peer.addrs.min()) // ALIGN * ALIGN
         self._peers.append(peer)
         return peer
 
@@ -195,95 +206,98 @@ class CudaIpcTransport(Transport):
             return
         peer.connected = False
         self._peers.remove(peer)
-        self._stream.synchronize()  # no kernel of ours may still be writing into the mapping
-        self._views = {k: v for k, v in self._views.items() if k[0] != peer.base}
+        self._stream_obj.synchronize()  # no kernel of ours may still be writing into the mapping
+        self._retire()
+        peer.regions = None
         closers, peer.closers = peer.closers, []
         for closer in closers:
             closer()
 
-    def _view(self, base: int, unit: int) -> Any:
-        """A tensor whose data pointer is ``base``, typed for ``unit``-byte elements (the kernel uses
-        only the pointer)."""
-        key = (base, unit)
-        if key not in self._views:
-            t = self._torch.as_tensor(DeviceBuffer(base, 16, self._device_id), device=self._device)
-            self._views[key] = t.view({16: self._torch.int64, 8: self._torch.int64, 4: self._torch.int32,
-                                       2: self._torch.int16, 1: self._torch.uint8}[unit])
-        return self._views[key]
-
     def _start(self, peer: Peer, writes: Writes) -> CudaIpcTransfer:
         assert isinstance(peer, CudaIpcPeer)
-        torch = self._torch
-        transfer = CudaIpcTransfer(peer, len(writes), writes.nbytes)
+        rt, stream = self._rt, self._stream
+        n = len(writes)
+        nbytes = int(writes.size.sum())
+        transfer = CudaIpcTransfer(peer, n, nbytes)
         try:
-            with torch.cuda.stream(self._stream):
-                # Sources are written by the engine on its default stream: copy only after that work.
-                self._ready.record(torch.cuda.default_stream(self._device))
-                self._stream.wait_event(self._ready)
-                rest = self._copy_large(peer, writes)
-                if len(rest):
-                    self._launch(peer, rest, transfer)
-                transfer.event = torch.cuda.Event()
-                transfer.event.record(self._stream)
+            self._retire()
+            if threading.get_ident() != self._thread:  # the device is per thread; kernels launch on it
+                rt.set_device(self._device_id)
+                self._thread = threading.get_ident()
+            transfer.buffers = host, dev, view = self._table(1 + 5 * n)
+            transfer.table = pack(writes, lambda words: view[:words])
+            # Sources are written by the engine on its default stream: copy only after that work.
+            rt.record(self._ready, self._engine_stream)
+            rt.wait(stream, self._ready)
+            rt.memcpy(dev.data_ptr(), host.data_ptr(), 8 * (1 + 5 * n), H2D, stream)
+            g = geometry(n, nbytes, int(writes.size.max()))
+            self._kernel.launch(
+                g, stream, (self._base, peer.base), peer.regions.data_ptr(), dev.data_ptr(), n,
+                len(self._addrs), len(peer.addrs),
+            )
+            rt.memcpy(host.data_ptr(), dev.data_ptr(), 8, D2H, stream)  # the flag, read at completion
+            transfer.event = self._events.pop() if self._events else rt.event()
+            rt.record(transfer.event, stream)
         except Exception as exc:
             raise TransferFailed(f"cuda-ipc: write to {peer.peer_id!r}: {type(exc).__name__}: {exc}") from exc
+        self._inflight.append(transfer)
         return transfer
 
-    def _copy_large(self, peer: CudaIpcPeer, writes: Writes) -> Writes:
-        """Writes of ``memcpy_bytes`` or more as one ``cudaMemcpyAsync`` each (they start at once, while
-        the rest is planned); returns the rest. 16 x 64 MiB: 1.92 TB/s as copies, 1.93 as the kernel,
-        but the kernel starts only after the batch's planning and upload."""
-        if writes.size.max() < self.memcpy_bytes:
-            return writes
-        large = writes.size >= self.memcpy_bytes
-        if int(np.count_nonzero(large)) > self.memcpy_max:
-            return writes
-        copy, stream = memcpy_async(), self._stream.cuda_stream
-        rows = zip(
-            writes.local_region[large].tolist(), writes.local_offset[large].tolist(),
-            writes.remote_region[large].tolist(), writes.remote_offset[large].tolist(),
-            writes.size[large].tolist(), strict=True,
+    def _table(self, words: int) -> tuple[Any, Any, np.ndarray]:
+        """A spare pinned and device table pair of at least ``words`` int64 words, or a new one."""
+        for i in range(len(self._tables) - 1, -1, -1):
+            if len(self._tables[i][2]) >= words:
+                return self._tables.pop(i)
+        size = 1 << max(10, (words - 1).bit_length())
+        host = self._torch.empty(size, dtype=self._torch.int64, pin_memory=True)
+        dev = self._torch.empty(size, dtype=self._torch.int64, device=self._device)
+        return host, dev, host.numpy()
+
+    def _retire(self) -> None:
+        """Finish the transfers whose event is done, oldest first (one stream: they end in order), and
+        release their buffers and events."""
+        while self._inflight:
+            transfer = self._inflight[0]
+            try:
+                if not self._rt.done(transfer.event):
+                    return
+            except CudaError as exc:  # the context is broken: nothing in flight will finish
+                for t in self._inflight:
+                    if t.state is TransferState.IN_PROGRESS:
+                        t.fail(TransferFailed(f"cuda-ipc: write to {t.peer.peer_id!r}: {exc}"))
+                self._inflight.clear()
+                return
+            self._inflight.popleft()
+            self._events.append(transfer.event)
+            if transfer.state is TransferState.IN_PROGRESS:
+                self._finish(transfer)
+            if len(self._tables) < self.spare_tables:
+                self._tables.append(transfer.buffers)
+            transfer.table, transfer.buffers = None, ()
+
+    def _finish(self, transfer: CudaIpcTransfer) -> None:
+        table, n = transfer.table, transfer.count
+        bad = int(table[0])
+        if bad >= n:
+            transfer.state = TransferState.DONE
+            return
+        lr, lo, rr, ro, size = (int(table[1 + k * n + bad]) for k in range(5))
+        assert isinstance(transfer.peer, CudaIpcPeer)
+        why = write_error(
+            bad, lr, lo, rr, ro, size, self._local_sizes.tolist(), transfer.peer.remote_sizes.tolist()
         )
-        for lr, lo, rr, ro, n in rows:
-            copy(int(peer.addrs[rr]) + ro, int(self._addrs[lr]) + lo, n, stream)
-        return writes.subset(~large)
-
-    def _launch(self, peer: CudaIpcPeer, writes: Writes, transfer: CudaIpcTransfer) -> None:
-        """The rest as one ``copy_spans`` kernel; its table goes up from pinned memory, which torch's
-        host allocator keeps from reuse until the upload is done."""
-        from ..staging.kernels import copy_spans
-
-        torch = self._torch
-
-        def pinned(n: int) -> np.ndarray:
-            transfer.host_table = torch.empty((3, n), dtype=torch.int64, pin_memory=True)
-            return transfer.host_table.numpy()
-
-        spans = plan_writes(
-            writes.local_region, writes.local_offset, writes.remote_region, writes.remote_offset,
-            writes.size, (self._addrs, peer.addrs), (self._base, peer.base), pinned,
-        )
-        transfer.table = transfer.host_table.to(self._device, non_blocking=True)
-        copy_spans(
-            self._view(self._base, spans.unit), self._view(peer.base, spans.unit),
-            transfer.table, 2 if spans.unit == 16 else 1, spans.mean_units,
-        )
+        transfer.fail(TransferFailed(f"cuda-ipc: write to {transfer.peer.peer_id!r} refused by the copy "
+                                     f"kernel (nothing written for it): {why}"))
 
     def poll(self, transfer: Transfer) -> TransferState:
         assert isinstance(transfer, CudaIpcTransfer)
-        if transfer.state is not TransferState.IN_PROGRESS:
-            return transfer.state
-        try:
-            done = transfer.event.query()
-        except Exception as exc:
-            return transfer.fail(TransferFailed(f"cuda-ipc: write to {transfer.peer.peer_id!r}: {exc}"))
-        if done:
-            transfer.table = transfer.host_table = None
-            transfer.state = TransferState.DONE
+        if transfer.state is TransferState.IN_PROGRESS:
+            self._retire()
         return transfer.state
 
     def abort(self, transfer: Transfer) -> None:
-        """A launched kernel runs to its end (it never waits on the peer); the transfer just fails."""
+        """A launched kernel runs to its end (it never waits on the peer); the transfer just fails. Its
+        buffers stay until the kernel is done."""
         if transfer.state is TransferState.IN_PROGRESS:
             transfer.fail(TransferFailed(f"cuda-ipc: transfer to {transfer.peer.peer_id!r} aborted"))
 
@@ -293,5 +307,8 @@ class CudaIpcTransport(Transport):
         self._closed = True
         for peer in list(self._peers):
             self.disconnect(peer)
-        self._stream.synchronize()
-
+        self._stream_obj.synchronize()
+        self._retire()
+        for event in [*self._events, self._ready]:
+            self._rt.destroy(event)
+        self._events = []

@@ -11,12 +11,11 @@ offset.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 from ..errors import BadInput
+from .cudart import library
 
 
 class DeviceBuffer:
@@ -46,21 +45,6 @@ class _IpcHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * 64)]
 
 
-@cache
-def _cudart() -> Any:
-    """libcudart (or libamdhip64), loaded on first use; error if neither is present."""
-    for name in ("cudart", "amdhip64"):
-        path = ctypes.util.find_library(name)
-        for candidate in [path] if path else [f"lib{name}.so", f"lib{name}.so.13", f"lib{name}.so.12"]:
-            try:
-                lib = ctypes.CDLL(candidate)
-            except OSError:
-                continue
-            prefix = "cuda" if name == "cudart" else "hip"
-            return lib, prefix
-    raise BadInput("cuda_ipc regions need libcudart (CUDA) or libamdhip64 (ROCm) in the agent")
-
-
 def open_ipc(handle: bytes, device_id: int) -> tuple[int, Callable[[], None]]:
     """Open an IPC memory handle on ``device_id``: (device pointer, closer). CuPy's runtime bindings
     when CuPy is installed (they find the CUDA runtime wherever it lives), else ctypes."""
@@ -83,7 +67,7 @@ _NO_DEVICE = {100: "no device", 101: "invalid device ordinal"}
 
 
 def _open_ipc_ctypes(handle: bytes, device_id: int) -> tuple[int, Callable[[], None]]:
-    lib, p = _cudart()
+    lib, p = library()
     rc = getattr(lib, f"{p}SetDevice")(ctypes.c_int(device_id))
     if rc in _NO_DEVICE:
         raise BadInput(
@@ -106,7 +90,7 @@ def _open_ipc_ctypes(handle: bytes, device_id: int) -> tuple[int, Callable[[], N
 def export_ipc(ptr: int, device_id: int) -> tuple[bytes, int, int]:
     """The IPC handle of the allocation holding device pointer ``ptr``: (handle, offset of ``ptr`` in
     the allocation, allocation size). The caller's process must keep the allocation alive."""
-    lib, p = _cudart()
+    lib, p = library()
     rc = getattr(lib, f"{p}SetDevice")(ctypes.c_int(device_id))
     if rc:
         raise BadInput(f"{p}SetDevice({device_id}) failed with error {rc}")
@@ -132,21 +116,3 @@ def _libcuda() -> Any:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
         raise BadInput(f"exporting CUDA IPC handles needs the CUDA driver (libcuda.so.1): {exc}") from exc
-
-
-@cache
-def memcpy_async() -> Callable[[int, int, int, int], None]:
-    """``copy(dst, src, nbytes, stream)``: one ``cudaMemcpyAsync`` device to device (``hipMemcpyAsync``
-    on ROCm) on a raw stream handle, e.g. ``torch.cuda.Stream.cuda_stream``; raises on an error code.
-    Through ctypes a call costs a few µs, below a Triton launch, and the copy starts at once."""
-    lib, p = _cudart()
-    fn = getattr(lib, f"{p}MemcpyAsync")
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-
-    def copy(dst: int, src: int, nbytes: int, stream: int) -> None:
-        rc = fn(dst, src, nbytes, 3, stream)  # 3: device to device, in CUDA and HIP
-        if rc:
-            raise RuntimeError(f"{p}MemcpyAsync of {nbytes} B failed with error {rc}")
-
-    return copy

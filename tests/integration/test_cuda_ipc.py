@@ -1,7 +1,8 @@
 """The ``cuda-ipc`` transport on a real GPU: a second process's regions mapped through CUDA IPC and
 written by one copy kernel per batch; then the real agents over it (``transfer.backend: cuda-ipc``),
 every byte verified by decode. Needs a CUDA GPU with Triton: CPU-only CI skips these with that reason
-(``tests/unit/test_spans.py`` covers the kernel's work list there).
+(``tests/unit/test_copy_kernel.py`` covers the kernel's table and geometry there, against its numpy
+twin).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def _owner(conn: Any) -> None:
 
 
 def test_pages_land_where_the_plan_says_and_nowhere_else() -> None:
+    from dataplane.errors import TransferFailed
     from dataplane.transports import MemoryRegion, TransferState, Writes
     from dataplane.transports.cuda_ipc import CudaIpcTransport
 
@@ -81,11 +83,21 @@ def test_pages_land_where_the_plan_says_and_nowhere_else() -> None:
             transfer = transport.write(peer, batch)
             transport.wait(transfer, time.monotonic() + 30)
             assert transport.poll(transfer) is TransferState.DONE
+        last = (PAGES - 1) * PAGE
+        bad = Writes.of(SimpleNamespace(  # rows 1 and 2 lie outside decode's regions: skipped, and named
+            local_region=np.array([0, 0, 1, 1]), local_offset=np.array([0, PAGE, 0, 2 * PAGE]),
+            remote_region=np.array([0, 0, 7, 1]), remote_offset=np.array([last, last + 16, 0, PAGE]),
+            size=np.full(4, PAGE),
+        ))
+        transfer = transport.write(peer, bad)
+        named = rf"write 1: remote region 0 \[{last + 16}, \+{PAGE}\) overflows"
+        with pytest.raises(TransferFailed, match=named):
+            transport.wait(transfer, time.monotonic() + 30)
         mine.send("read")
         got = mine.recv()
         want = [np.full(PAGES * PAGE, 0x5A, np.uint8) for _ in range(2)]
         host = src.cpu().numpy()
-        for batch in (w, odd):
+        for batch in (w, odd, bad.subset(np.array([True, False, False, True]))):
             b = batch
             for lr, lo, rr, ro, size in zip(
                 b.local_region, b.local_offset, b.remote_region, b.remote_offset, b.size, strict=True
