@@ -15,7 +15,8 @@ request at full size) it measures, side by side in one run:
   write, notice, scatter kernel on decode, ack), per slot size given;
 - ``auto``: the per-component policy (``choose_paths``, threshold ``--threshold-kib``);
 - ``ipc``: the ``cuda-ipc`` transport (``transports.cuda_ipc``): decode's regions mapped into prefill
-  through CUDA IPC, the whole plan one launch of the copy kernel, page to page; done at its CUDA event.
+  through CUDA IPC, the whole plan one launch of the copy kernel, page to page; done at its CUDA event;
+  ``ipc xN`` (with ``--inflight N``): N such writes back to back, GB/s over all N (rooms in flight).
 
 Times are medians; staged/auto end when decode's last scatter is acknowledged, direct/raw when the
 initiator sees the write complete. Every path's bytes are verified per component (positional
@@ -280,6 +281,7 @@ class Prefill:
             n, kernel, mib = self.args.inflight, self.args.kernels[0], self.args.slot_mib[0]
             once = ctx.staged(mib * MiB, None, kernel, inflight=n)
             row[f"staged-{kernel}@{mib}x{n}"] = ctx.measure(f"staged x{n}", once, requests=n)
+            row[f"ipc x{n}"] = ctx.measure(f"ipc x{n}", ctx.ipc_pipelined(n), requests=n)
         if case.name in (self.args.profile or ()):
             self.profile(ctx.staged(self.args.slot_mib[-1] * MiB, None, self.args.kernels[-1]))
         ctx.ipc.close()
@@ -420,6 +422,16 @@ class Ctx:
         self.ipc_post_us.append((time.perf_counter() - t0) * 1e6)
         spin(self.ipc, [transfer], time.monotonic() + DEADLINE_S)
 
+    def ipc_pipelined(self, n: int) -> Callable[[], None]:
+        """``n`` whole-plan writes back to back, then wait for all: rooms in flight, where one room's
+        host time overlaps the previous room's copy (same bytes to the same pages, in stream order)."""
+
+        def once() -> None:
+            transfers = [self.ipc.write(self.ipc_peer, self.whole) for _ in range(n)]
+            spin(self.ipc, transfers, time.monotonic() + DEADLINE_S)
+
+        return once
+
     def direct_once(self) -> None:
         deadline = time.monotonic() + DEADLINE_S
         spin(self.transport, [self.transport.write(self.peer, part) for part in self.parts], deadline)
@@ -471,7 +483,8 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """GB/s of each path (bytes moved once) and, in brackets, its % of the D2D copy of the same bytes."""
     staged = [f"staged-{k}@{m}" for k in args.kernels for m in args.slot_mib]
     piped = [f"staged-{args.kernels[0]}@{args.slot_mib[0]}x{args.inflight}"] if args.inflight > 1 else []
-    cols = ["raw", "direct", *staged, *piped, "auto", "ipc"]
+    ipc = [f"ipc x{args.inflight}"] if args.inflight > 1 else []
+    cols = ["raw", "direct", *staged, *piped, "auto", "ipc", *ipc]
     head = (f"{'case':21s} {'MiB':>6s} {'writes':>6s} {'d2d':>7s} {'gather':>7s} {'host_us':>7s} "
             + " ".join(f"{c:>17s}" for c in cols) + "  verified")
     lines = [head, "-" * len(head)]
@@ -503,7 +516,7 @@ def main() -> int:
     ap.add_argument("--kernels", default="triton,torch", help="staging kernels to try (first: auto, gather)")
     ap.add_argument("--profile", nargs="*", help="cases whose staged path to profile (host time)")
     ap.add_argument("--inflight", type=int, default=4, help="requests in flight for the pipelined staged "
-                    "column (first kernel and slot size); 1 leaves it out")
+                    "(first kernel and slot size) and ipc columns; 1 leaves them out")
     ap.add_argument("--quick", action="store_true", help="small cases (the integration test's)")
     args = ap.parse_args()
     args.slot_mib = [int(x) for x in args.slot_mib.split(",")]
