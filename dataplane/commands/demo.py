@@ -21,6 +21,9 @@ from typing import Any
 DEFAULT_TOKENS = "1024,4096,0,300,2048"
 
 
+TRANSPORTS = {"nixl": "NIXL on loopback", "cuda-ipc": "CUDA IPC on this node's GPU"}
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -195,7 +198,7 @@ def report(
     ok = sum(r["succeeded"] for r in requests)
     print(
         f"\nPDPair demo: profile {args.profile}, prefill TP {args.prefill_tp} -> decode TP {args.decode_tp}, "
-        f"NIXL on loopback; {ok}/{made} requests succeeded"
+        f"{TRANSPORTS[args.backend]}; {ok}/{made} requests succeeded"
     )
     head = (
         f"{'component':<10} {'type':<8} {'requests':>8} {'bytes':>14} {'verified':>8} {'GB/s':>8} "
