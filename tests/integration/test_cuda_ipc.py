@@ -8,7 +8,9 @@ twin).
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import time
+import urllib.request
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +18,14 @@ import msgspec
 import numpy as np
 import pytest
 
-from tests.integration.test_agent_two_process import agents, assert_all_verified, config, finished, wait_for
+from tests.integration.test_agent_two_process import (
+    HB,
+    agents,
+    assert_all_verified,
+    config,
+    finished,
+    wait_for,
+)
 
 torch = pytest.importorskip("torch", reason="needs a CUDA GPU")
 
@@ -131,6 +140,34 @@ def test_agents_over_cuda_ipc_verify_every_byte(tmp_path, profile) -> None:
     with agents(tmp_path, msgspec.structs.replace(base, transfer=gpu)) as (_prefill, decode):
         wait_for(lambda: finished(decode, 12), what="12 requests")
         assert_all_verified(decode, 12, {"kv", "aux"})
+
+
+def test_prefill_over_cuda_ipc_survives_a_killed_decode(tmp_path) -> None:
+    """Decode (the exporter of the memory prefill writes into) is killed mid-stream: prefill marks it
+    down by heartbeat, fails its rooms, unmaps its memory and stays healthy."""
+    from dataplane.config import SyntheticConfig
+
+    base = config(requests=0)
+    slow = msgspec.structs.replace(
+        base,
+        transfer=msgspec.structs.replace(base.transfer, device="cuda", backend="cuda-ipc"),
+        synthetic=SyntheticConfig(requests_per_second=20, requests=0, tokens=(700,), max_inflight=2),
+    )
+    with agents(tmp_path, slow) as (prefill, decode):
+        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 3, what="some requests")
+        decode[0].signal(signal.SIGKILL)
+        killed = time.monotonic()
+
+        def down() -> bool:
+            peers = prefill[0].status()["peers"]
+            return bool(peers) and all(p["state"] == "down" for p in peers.values())
+
+        wait_for(down, timeout=10, what="decode down on prefill")
+        assert time.monotonic() - killed < HB * 6 + 2.5
+        st = prefill[0].status()
+        assert st["rooms"]["inflight"] == 0 and not st["ready"]
+        assert "heartbeat lost" in next(iter(st["peers"].values()))["reason"]
+        assert b"true" in urllib.request.urlopen(prefill[0].url + "/healthz", timeout=2).read()
 
 
 def _dies(conn: Any) -> None:
