@@ -147,7 +147,10 @@ def write_error(
 ) -> str | None:
     """Why write ``i`` lies outside its regions (``check_bounds``' words), or None when it does not."""
     if size <= 0 or lo < 0 or ro < 0:
-        return "write sizes must be positive and offsets non-negative"
+        return (
+            f"write {i}: size {size}, offsets {lo} and {ro}: "
+            "write sizes must be positive and offsets non-negative"
+        )
     for side, region, off, sizes in (("local", lr, lo, local_sizes), ("remote", rr, ro, remote_sizes)):
         if not 0 <= region < len(sizes):
             return _region_error(i, side, region, len(sizes))

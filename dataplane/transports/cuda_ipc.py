@@ -117,7 +117,7 @@ class CudaIpcTransfer(Transfer):
     table: Any = None
     """The batch's packed table: pinned host memory (numpy view), then the flag read back into it."""
     buffers: tuple[Any, ...] = ()
-    """The pinned and device tables (``_Tables``), kept until the kernel is done with them."""
+    """The pinned and device tables (``_table``), kept until the kernel is done with them."""
 
 
 class CudaIpcTransport(Transport):
