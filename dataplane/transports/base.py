@@ -210,6 +210,8 @@ class Transport(ABC):
     """The engine itself skips every write outside its regions and fails the transfer, naming the
     first (cuda-ipc's copy kernel): ``write`` then leaves out the host's pass over the batch."""
     _local_sizes: np.ndarray = np.zeros(0, dtype=np.int64)
+    _peers: list[Any]
+    """Connected peers: each adapter's ``connect`` appends, ``disconnect`` removes."""
 
     @abstractmethod
     def endpoint(self) -> bytes:
@@ -234,9 +236,17 @@ class Transport(ABC):
     def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> Peer:
         """Make the peer's engine and its regions (blobs from its ``register``) reachable."""
 
-    @abstractmethod
     def disconnect(self, peer: Peer) -> None:
         """Forget the peer; idempotent. Its in-flight transfers may fail."""
+        if not peer.connected:
+            return
+        peer.connected = False
+        self._peers.remove(peer)
+        self._release(peer)
+
+    @abstractmethod
+    def _release(self, peer: Any) -> None:
+        """Free what the engine holds for a peer that ``disconnect`` has just forgotten."""
 
     def write(self, peer: Peer, writes: WriteSpec | Writes) -> Transfer:
         """Start one-sided writes local → remote without blocking; bounds-checked first (``PlanError``),

@@ -200,12 +200,7 @@ class CudaIpcTransport(Transport):
         self._peers.append(peer)
         return peer
 
-    def disconnect(self, peer: Peer) -> None:
-        assert isinstance(peer, CudaIpcPeer)
-        if not peer.connected:
-            return
-        peer.connected = False
-        self._peers.remove(peer)
+    def _release(self, peer: CudaIpcPeer) -> None:
         self._stream_obj.synchronize()  # no kernel of ours may still be writing into the mapping
         self._retire()
         peer.regions = None

@@ -140,12 +140,7 @@ class MoriTransport(Transport):
         self._peers.append(peer)
         return peer
 
-    def disconnect(self, peer: Peer) -> None:
-        assert isinstance(peer, MoriPeer)
-        if not peer.connected:
-            return
-        peer.connected = False
-        self._peers.remove(peer)
+    def _release(self, peer: MoriPeer) -> None:
         try:
             self._engine.deregister_remote_engine(peer.engine)
         except Exception as exc:

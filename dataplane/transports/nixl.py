@@ -185,12 +185,7 @@ class NixlTransport(Transport):
         self._peers.append(peer)
         return peer
 
-    def disconnect(self, peer: Peer) -> None:
-        assert isinstance(peer, NixlPeer)
-        if not peer.connected:
-            return
-        peer.connected = False
-        self._peers.remove(peer)
+    def _release(self, peer: NixlPeer) -> None:
         if self._poster is not None:
             self._poster.drain()  # nothing of this peer's may still be posting from its prepared lists
         errors = [self._quietly(h.release) for h in peer.prepped.values()]
