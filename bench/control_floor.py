@@ -90,6 +90,75 @@ def zmq_round_trips(spin: bool, n: int) -> list[float]:
     return times
 
 
+def _tcp_recv(sock: socket.socket, spin: bool) -> None:
+    """One length-prefixed message (a 4-byte length, then the bytes)."""
+    import select
+
+    want, got = 4, b""
+    body = False
+    deadline = time.monotonic() + 5
+    while True:
+        if not spin and not select.select([sock], [], [], 5)[0]:
+            raise TimeoutError("no reply within 5 s")
+        try:
+            chunk = sock.recv(want - len(got))
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no reply within 5 s") from None
+            continue
+        if not chunk:
+            raise ConnectionError("peer closed")
+        got += chunk
+        if len(got) == want:
+            if body:
+                return
+            want, got, body = int.from_bytes(got, "little"), b"", True
+
+
+def _tcp_message() -> bytes:
+    body = b"".join(len(f).to_bytes(4, "little") + f for f in FRAMES)
+    return len(body).to_bytes(4, "little") + body
+
+
+def _tcp_socket(sock: socket.socket, spin: bool) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(not spin)
+    return sock
+
+
+def _tcp_echo(port: int, spin: bool, n: int) -> None:
+    sock = _tcp_socket(socket.create_connection(("127.0.0.1", port), timeout=5), spin)
+    msg = _tcp_message()
+    for _ in range(n):
+        _tcp_recv(sock, spin)
+        sock.sendall(msg)
+    sock.close()
+
+
+def tcp_round_trips(spin: bool, n: int) -> list[float]:
+    """A plain TCP stream, each side's thread reading its own socket: no I/O threads in between."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        child = mp.get_context("spawn").Process(
+            target=_tcp_echo, args=(srv.getsockname()[1], spin, n), daemon=True
+        )
+        child.start()
+        srv.settimeout(30)
+        sock = _tcp_socket(srv.accept()[0], spin)
+    msg = _tcp_message()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        sock.sendall(msg)
+        _tcp_recv(sock, spin)
+        times.append(time.perf_counter() - start)
+        time.sleep(0.0005)
+    child.join(10)
+    sock.close()
+    return times
+
+
 def _nixl_agent(name: str) -> Any:
     from dataplane.transports.nixl import _new_agent, load_sdk
 
@@ -157,7 +226,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
-    for carrier, fn in (("zmq", zmq_round_trips), ("nixl-notif", nixl_round_trips)):
+    for carrier, fn in (("zmq", zmq_round_trips), ("tcp", tcp_round_trips), ("nixl-notif", nixl_round_trips)):
         for spin in (False, True):
             rows.append(summary(carrier, "spin" if spin else "sleep", fn(spin, args.iterations)))
     if args.json:

@@ -111,6 +111,10 @@ class TransferConfig(_Base, frozen=True):
     timeout_seconds: float = 30.0
     heartbeat_interval_seconds: float = 1.0
     heartbeat_misses: int = 5
+    spin_microseconds: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 0
+    """After each message, send or running transfer, the role worker polls without sleeping for this
+    long before it blocks again: a sleeping thread's wake-up (and a timer's 50 µs slack) is a large
+    share of a small request's latency. Costs up to that much CPU per request; 0: never spin."""
     device: Literal["cpu", "cuda"] = "cpu"
     gpu_id: int = 0
     mori: MoriConfig = MoriConfig()
@@ -124,6 +128,11 @@ class ListenConfig(_Base, frozen=True):
     bootstrap_port: int = 8998
     control_port: int = 0
     """ZMQ control socket; 0 picks a free port (advertised through the bootstrap endpoint)."""
+    lanes: bool = True
+    """Control frames between two of our agents on a direct TCP lane once paired (ZMQ's I/O threads
+    cost most of a request's latency); off: ZMQ only, as with a plain sglang peer."""
+    lane_port: int = 0
+    """The lane listener's port; 0 picks a free one (advertised in the pairing ``Hello``)."""
     metrics_port: int = 9400
 
 

@@ -63,6 +63,7 @@ class PrefillPeer:
     address: str
     agent: str
     instance: str
+    host: str
     state: str = "registering"
     last_seen: float = 0.0
     last_register: float = 0.0
@@ -91,7 +92,7 @@ class DecodeWorker(RoleWorker):
         self._quarantine: list[tuple[float, Sources]] = []
         self._reg_frames = self.registration_frames()
         tr = self.cfg.transfer
-        me = tcp(self.cfg.listen.host, self.inbox.port)
+        self.me = me = tcp(self.cfg.listen.host, self.inbox.port)
         self.beats = Heartbeats(me, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
         self.staged = (
             DecodeStaging(self.staging, self.blobs, me, self.pushers.send)
@@ -161,7 +162,12 @@ class DecodeWorker(RoleWorker):
                 self.lose(known, f"prefill rank {r} replaced (instance {known.instance} → {info.instance})")
                 self.pushers.forget(known.address)
             self.peers[r] = PrefillPeer(
-                r, f"prefill-{r}@{info.host}", tcp(info.host, info.control_port), info.agent, info.instance
+                r,
+                f"prefill-{r}@{info.host}",
+                tcp(info.host, info.control_port),
+                info.agent,
+                info.instance,
+                info.host,
             )
 
     def lose(self, peer: PrefillPeer, reason: str) -> None:
@@ -209,6 +215,8 @@ class DecodeWorker(RoleWorker):
             self.status.peer_refused(peer.label, reason, by="self")
             return
         peer.state, peer.last_seen = "paired", now
+        if self.lanes is not None and msg.lane_port:
+            self.lanes.dial(peer.address, peer.host, msg.lane_port, msg.lane_token, self.me)
         self.paired(peer.label, peer.instance)
 
     def on_sglang(self, frames: list[bytes]) -> None:

@@ -170,11 +170,14 @@ class PrefillWorker(RoleWorker):
         self.peers[address] = DecodePeer(
             label, address, peer, layout, pairing, reg.legacy_flat_state, beats=reg.manifest is not None
         )
+        lanes = self.lanes if reg.manifest is not None else None  # a plain sglang decode stays on ZMQ
         hello = Hello(
             agent_id=self.agent_id,
             generation=self.generation,
             role="prefill",
             manifest=encode_manifest(self.manifest),
+            lane_port=lanes.port if lanes else 0,
+            lane_token=lanes.invite(address) if lanes else b"",
         )
         self.pushers.send(address, [encode_control(hello)])
         self.paired(label)

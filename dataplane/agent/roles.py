@@ -8,6 +8,9 @@ after a message (most writes finish within it, and a doubling back-off would not
 430 µs only at ~620 µs), then backs off doubling to ``PAUSE_MAX``, so long transfers never keep it
 spinning on the GIL. The pauses wait on the inbox (``Inbox.wait``), so a message arriving during one
 — the next room's metadata, say — is handled at once rather than after up to ``PAUSE_MAX``.
+With ``transfer.spinMicroseconds`` the loop neither blocks nor pauses for that long after each message
+received or sent: the reply to a room's metadata, or a small write's completion, is then seen without
+a thread wake-up.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from ..config import AgentConfig
 from ..errors import BadInput, PDPairError
 from ..schema import AUX_COMPONENT, KV_COMPONENT, RoleSchema
 from ..transports import Transport
-from .control import WAKE, Inbox, Pushers
+from .control import MAX_MESSAGE, WAKE, Inbox, Pushers
 from .health import AgentStatus
+from .lanes import Lanes
 from .metrics import AgentMetrics, reason_label
 from .pools import IndexAllocator, MemoryPools
 from .rooms import Room, RoomTable
@@ -95,8 +99,10 @@ class RoleWorker(abc.ABC):
         self.generation = cfg.identity.generation
         self.manifest = manifest_from_schema(schema, role=self.role, generation=self.generation)  # type: ignore[arg-type]
         self.timeout = cfg.transfer.timeout_seconds
-        self.inbox = Inbox(ctx, cfg.listen.host, cfg.listen.control_port)
-        self.pushers = Pushers(ctx)
+        lanes = Lanes(cfg.listen.host, cfg.listen.lane_port, MAX_MESSAGE) if cfg.listen.lanes else None
+        self.inbox = Inbox(ctx, cfg.listen.host, cfg.listen.control_port, lanes)
+        self.pushers = Pushers(ctx, lanes)
+        self.lanes = lanes
         self.rooms = RoomTable()
         self.engine = SyntheticEngine(pools)
         self.kv_pages = IndexAllocator("kv", schema.kv.num_pages)
@@ -121,9 +127,10 @@ class RoleWorker(abc.ABC):
         return self.thread is not None and self.thread.is_alive()
 
     def run(self, stop: threading.Event) -> None:
-        running, pause, inflight, active = 0, PAUSE_MIN, -1, 0.0
+        running, pause, inflight, active, spinning = 0, PAUSE_MIN, -1, 0.0, False
+        spin = self.cfg.transfer.spin_microseconds * 1e-6
         while not stop.is_set():
-            first = self.inbox.recv(0 if running else self.idle_wait())
+            first = self.inbox.recv(0 if running or spinning else self.idle_wait())
             for frames in ([first] if first else []) + (self.inbox.drain(DRAIN) if first else []):
                 self.dispatch(frames)
             running = self.poll_transfers()
@@ -136,7 +143,8 @@ class RoleWorker(abc.ABC):
             if len(self.rooms) != inflight:
                 inflight = len(self.rooms)
                 self.metrics.set_inflight(inflight)
-            if running:
+            spinning = spin > 0 and now - max(active, self.pushers.last_send) < spin
+            if running and not spinning:
                 pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
                 self.inbox.wait(pause)
         self.shutdown()
@@ -244,5 +252,7 @@ class RoleWorker(abc.ABC):
 
     def snapshot(self) -> dict[str, Any]:
         out = {"rooms": self.rooms.snapshot(), "dropped_control_messages": self.pushers.dropped}
+        if self.lanes is not None:
+            out["lanes"] = {"up": sorted(self.lanes.by_address), "fallbacks": self.lanes.fallbacks}
         out.update(self.stats.snapshot())
         return out

@@ -155,6 +155,7 @@ class AgentRuntime:
     def ports(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "control_port": self.worker.inbox.port,
+            "lane_port": self.worker.lanes.port if self.worker.lanes is not None else None,
             "metrics_port": self.servers[0].port if self.servers else None,
             "instance": self.instance,
             "agent": self.agent_id,

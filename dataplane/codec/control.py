@@ -33,6 +33,10 @@ class Hello(_Control, frozen=True, tag="hello"):
     role: Literal["prefill", "decode"]
     generation: Text = ""
     manifest: bytes | None = None
+    lane_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    """Prefill's direct-lane listener (``agent.lanes``); 0: none, stay on ZMQ."""
+    lane_token: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
+    """What the decode presents when it dials the lane."""
 
 
 class Refused(_Control, frozen=True, tag="refused"):

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 SIZES = "4K,64K,1M,4M,16M,64M"
 CASE_BYTES = 256 << 20
 
@@ -52,6 +54,14 @@ def register(subparsers: Any) -> None:
     t.add_argument(
         "--no-post-thread", action="store_true",
         help="the agent posts host writes in line (NixlConfig.postThread off); the raw engine always does",
+    )
+    t.add_argument(
+        "--no-lanes", action="store_true",
+        help="the agents' control frames over ZMQ only (listen.lanes off), as with sglang peers",
+    )
+    t.add_argument(
+        "--spin-us", type=int, default=0, metavar="US",
+        help="the agents' transfer.spinMicroseconds: poll without sleeping this long after each message",
     )
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
     t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
@@ -158,6 +168,11 @@ def run(args: argparse.Namespace) -> int:
         cases.append((f"mix:{args.mix}", mix))
     results = []
     for label, cfg in cases:
+        if args.no_lanes:
+            cfg = msgspec.structs.replace(cfg, listen=msgspec.structs.replace(cfg.listen, lanes=False))
+        if args.spin_us:
+            tr = msgspec.structs.replace(cfg.transfer, spin_microseconds=args.spin_us)
+            cfg = msgspec.structs.replace(cfg, transfer=tr)
         print(f"bench: {label} ...", file=sys.stderr, flush=True)
         results.append(run_case(label, cfg, repeat=args.repeat, warmup=args.warmup))
     if args.json:

@@ -20,6 +20,7 @@ from dataplane.config import (
     AgentConfig,
     ComponentConfig,
     IdentityConfig,
+    ListenConfig,
     ModelConfig,
     NixlConfig,
     SyntheticConfig,
@@ -97,11 +98,30 @@ def assert_all_verified(decode, n, components):
     ],
 )
 def test_profile_moves_and_verifies_every_component(tmp_path, profile, components):
-    with agents(tmp_path, config(profile)) as (_, decode):
+    with agents(tmp_path, config(profile)) as (prefill, decode):
         wait_for(lambda: finished(decode, 12), what="12 requests")
         assert_all_verified(decode, 12, components)
         metrics = urllib.request.urlopen(decode[0].url + "/metrics", timeout=2).read().decode()
         assert 'pdpair_agent_verified_bytes_total{component="kv"' in metrics
+        (prefill_address,) = decode[0].status()["lanes"]["up"]  # the control frames took the direct lane
+        assert prefill_address == f"tcp://127.0.0.1:{prefill[0].ports['control_port']}"
+        assert len(prefill[0].status()["lanes"]["up"]) == 1
+
+
+@pytest.mark.parametrize(("prefill_lanes", "decode_lanes"), [(False, False), (True, False), (False, True)])
+def test_control_stays_on_zmq_unless_both_sides_have_lanes(tmp_path, prefill_lanes, decode_lanes):
+    def with_lanes(cfg, on):
+        return msgspec.structs.replace(cfg, listen=ListenConfig(lanes=on))
+
+    base = config(requests=6)
+    with agents(tmp_path, with_lanes(base, prefill_lanes), decode_base=with_lanes(base, decode_lanes)) as (
+        prefill,
+        decode,
+    ):
+        wait_for(lambda: finished(decode, 6), what="6 requests over ZMQ")
+        assert_all_verified(decode, 6, {"kv", "aux", "mamba"})
+        for agent in (*prefill, *decode):
+            assert agent.status().get("lanes", {"up": []})["up"] == []
 
 
 def test_positional_state_types(tmp_path):

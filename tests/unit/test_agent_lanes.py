@@ -1,0 +1,168 @@
+"""Direct control lanes (``dataplane.agent.lanes``): framing, the invitation handshake, fallbacks and
+bounds, between real sockets on 127.0.0.1; and the ``Inbox`` / ``Pushers`` pair that reads and prefers
+them."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import zmq
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dataplane.agent import lanes as lanes_mod
+from dataplane.agent.control import Inbox, Pushers
+from dataplane.agent.lanes import LANE_HELLO, MAX_FRAMES, FrameReader, LaneError, Lanes, pack
+
+MAX = 1 << 20
+A_ADDR, B_ADDR = "tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002"
+
+
+@given(
+    st.lists(st.lists(st.binary(max_size=300), min_size=1, max_size=6), min_size=1, max_size=8),
+    st.lists(st.integers(min_value=1, max_value=97), min_size=1, max_size=20),
+)
+def test_frames_survive_any_chunking(messages, cuts):
+    stream = b"".join(pack(m) for m in messages)
+    reader, got, at, i = FrameReader(MAX), [], 0, 0
+    while at < len(stream):
+        step = cuts[i % len(cuts)]
+        got += reader.feed(stream[at : at + step])
+        at, i = at + step, i + 1
+    assert got == messages and not reader.buf
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        ((MAX + 1).to_bytes(4, "little") + (1).to_bytes(4, "little"), "bytes"),
+        ((4 + 4 * (MAX_FRAMES + 1)).to_bytes(4, "little") + (MAX_FRAMES + 1).to_bytes(4, "little"), "frames"),
+        ((12).to_bytes(4, "little") + (1).to_bytes(4, "little") + (99).to_bytes(4, "little"), "lengths"),
+    ],
+)
+def test_bad_framing_is_refused(head, why):
+    with pytest.raises(LaneError, match=why):
+        FrameReader(MAX).feed(head + b"\0" * 16)
+
+
+def pump(lanes: Lanes, want: int, timeout: float = 5.0) -> list[list[bytes]]:
+    """Service ``lanes`` until ``want`` messages arrived (bounded in time)."""
+    out: list[list[bytes]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        out += lanes.service(set(lanes.fds()))
+        time.sleep(0.001)
+    return out
+
+
+@pytest.fixture
+def pair():
+    a, b = Lanes("127.0.0.1", 0, MAX), Lanes("127.0.0.1", 0, MAX)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_invited_lane_carries_both_ways_in_order(pair):
+    a, b = pair
+    token = a.invite(B_ADDR)
+    b.dial(A_ADDR, "127.0.0.1", a.port, token, B_ADDR)
+    for i in range(200):  # queued while connecting, then flushed in order
+        assert b.send(A_ADDR, [b"m", str(i).encode()]) is True
+    got = pump(a, 200)
+    assert [int(m[1]) for m in got] == list(range(200))
+    assert list(a.by_address) == [B_ADDR]
+    assert a.send(B_ADDR, [b"status", b"ok"]) is True
+    assert pump(b, 1) == [[b"status", b"ok"]]
+    assert a.send("tcp://127.0.0.1:9", [b"x"]) is None  # no lane there: the caller uses ZMQ
+
+
+def test_wrong_token_is_refused_and_the_dialer_falls_back(pair):
+    a, b = pair
+    a.invite(B_ADDR)
+    b.dial(A_ADDR, "127.0.0.1", a.port, b"\0" * 16, B_ADDR)
+    b.send(A_ADDR, [b"hi"])
+    assert pump(a, 1, timeout=0.5) == []
+    assert a.by_address == {} and a.unknown == {}
+    deadline = time.monotonic() + 5
+    while A_ADDR in b.by_address and time.monotonic() < deadline:
+        b.service(set(b.fds()))
+        time.sleep(0.01)
+    assert b.send(A_ADDR, [b"again"]) is None and b.fallbacks == 1
+
+
+def test_a_connection_without_hello_is_closed(pair, monkeypatch):
+    a, _ = pair
+    monkeypatch.setattr(lanes_mod, "HELLO_TIMEOUT", 0.05)
+    silent = socket.create_connection(("127.0.0.1", a.port))
+    deadline = time.monotonic() + 5
+    while not a.unknown and time.monotonic() < deadline:
+        a.service({a.lfd})
+    assert a.unknown
+    time.sleep(0.1)
+    a.service(set())
+    assert a.unknown == {}
+    silent.close()
+
+
+def test_a_hello_for_an_uninvited_address_is_refused(pair):
+    a, _ = pair
+    raw = socket.create_connection(("127.0.0.1", a.port))
+    raw.sendall(pack([LANE_HELLO, b"t" * 16, B_ADDR.encode()]) + pack([b"sneaky"]))
+    assert pump(a, 1, timeout=0.5) == []
+    assert a.by_address == {}
+    raw.close()
+
+
+def test_a_peer_that_stops_reading_costs_dropped_messages_never_a_block(pair, monkeypatch):
+    a, b = pair
+    monkeypatch.setattr(lanes_mod, "MAX_PENDING", 4 << 20)
+    b.dial(A_ADDR, "127.0.0.1", a.port, a.invite(B_ADDR), B_ADDR)
+    pump(a, 0, timeout=0.2)
+    big = [b"x" * (1 << 20)]
+    start = time.monotonic()
+    results = [b.send(A_ADDR, big) for _ in range(64)]  # a never reads
+    assert time.monotonic() - start < 5
+    assert False in results and b.dropped == results.count(False)
+    assert len(b.by_address[A_ADDR].out) <= 4 << 20
+
+
+def test_a_closed_peer_breaks_the_lane(pair):
+    a, b = pair
+    b.dial(A_ADDR, "127.0.0.1", a.port, a.invite(B_ADDR), B_ADDR)
+    b.send(A_ADDR, [b"one"])
+    assert pump(a, 1) == [[b"one"]]
+    a.close()
+    deadline = time.monotonic() + 5
+    while A_ADDR in b.by_address and time.monotonic() < deadline:
+        b.service(set(b.fds()))
+        b.send(A_ADDR, [b"more"])
+        time.sleep(0.01)
+    assert A_ADDR not in b.by_address and b.fallbacks == 1
+
+
+def test_inbox_reads_lanes_beside_zmq_and_pushers_prefer_the_lane():
+    ctx = zmq.Context()
+    la, lb = Lanes("127.0.0.1", 0, MAX), Lanes("127.0.0.1", 0, MAX)
+    inbox_a, inbox_b = Inbox(ctx, "127.0.0.1", 0, la), Inbox(ctx, "127.0.0.1", 0, lb)
+    push_a, push_b = Pushers(ctx, la), Pushers(ctx, lb)
+    a_addr, b_addr = f"tcp://127.0.0.1:{inbox_a.port}", f"tcp://127.0.0.1:{inbox_b.port}"
+    try:
+        push_b.send(a_addr, [b"over zmq"])
+        assert inbox_a.recv(2.0) == [b"over zmq"]
+        lb.dial(a_addr, "127.0.0.1", la.port, la.invite(b_addr), b_addr)
+        push_b.send(a_addr, [b"over the lane", b"2"])
+        start = time.monotonic()
+        inbox_a.wait(2.0)
+        got = inbox_a.recv(2.0)
+        assert got == [b"over the lane", b"2"] and time.monotonic() - start < 2.0
+        assert list(la.by_address) == [b_addr]
+        push_a.send(b_addr, [b"reply"])
+        assert inbox_b.recv(2.0) == [b"reply"]
+        assert push_b.dropped == 0
+    finally:
+        for closer in (push_a.close, push_b.close, inbox_a.close, inbox_b.close):
+            closer()
+        ctx.destroy(linger=0)
