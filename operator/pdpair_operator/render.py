@@ -64,6 +64,7 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
             timeout_seconds=spec.transfer.timeout_seconds,
             heartbeat_interval_seconds=spec.transfer.heartbeat_interval_seconds,
             heartbeat_misses=spec.transfer.heartbeat_misses,
+            spin_microseconds=spec.transfer.spin_microseconds,
             device=spec.transfer.device,
             mori=spec.transfer.mori,
             nixl=spec.transfer.nixl,

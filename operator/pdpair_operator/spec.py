@@ -53,6 +53,7 @@ class Transfer(_Spec, frozen=True):
     timeout_seconds: float = 30.0
     heartbeat_interval_seconds: float = 1.0
     heartbeat_misses: int = 5
+    spin_microseconds: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
     mori: Mori = Mori()
     nixl: Nixl = Nixl()

@@ -108,6 +108,15 @@ def test_profile_moves_and_verifies_every_component(tmp_path, profile, component
         assert len(prefill[0].status()["lanes"]["up"]) == 1
 
 
+def test_spinning_workers_move_and_verify(tmp_path):
+    base = config(requests=30, tokens=(16, 700))
+    spinning = msgspec.structs.replace(base.transfer, spin_microseconds=300)
+    with agents(tmp_path, msgspec.structs.replace(base, transfer=spinning)) as (_, decode):
+        wait_for(lambda: finished(decode, 30), what="30 requests")
+        assert_all_verified(decode, 30, {"kv", "aux", "mamba"})
+        assert len(decode[0].status()["lanes"]["up"]) == 1
+
+
 @pytest.mark.parametrize(("prefill_lanes", "decode_lanes"), [(False, False), (True, False), (False, True)])
 def test_control_stays_on_zmq_unless_both_sides_have_lanes(tmp_path, prefill_lanes, decode_lanes):
     def with_lanes(cfg, on):

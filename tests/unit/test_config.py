@@ -31,6 +31,9 @@ def test_json_is_accepted() -> None:
         (b"listen: {hostt: 1.2.3.4}", "unknown field `hostt`"),
         (b"formatVersion: 9", "config formatVersion 9, this agent reads 1"),
         (b"role: [unclosed", "not valid YAML/JSON"),
+        (b"transfer: {spinMicroseconds: -1}", "at `$.transfer.spinMicroseconds`"),
+        (b"transfer: {spinMicroseconds: 200000}", "at `$.transfer.spinMicroseconds`"),
+        (b"listen: {lanes: maybe}", "at `$.listen.lanes`"),
     ],
 )
 def test_bad_config_names_the_field(text: bytes, message: str) -> None:

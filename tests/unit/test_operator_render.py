@@ -116,3 +116,12 @@ def test_reasonless_gate_condition_is_not_an_agent_report() -> None:
     assert pod_from_body(body("")).transfer is None
     assert not pod_from_body(body("")).serving
     assert pod_from_body(body("HandshakeComplete")).serving
+
+
+def test_transfer_settings_reach_both_roles_agent_config() -> None:
+    owner = make_owner(transfer={"backend": "nixl", "spinMicroseconds": 250, "heartbeatMisses": 7})
+    cm = render.build_config_map(owner, generation_hash(owner.spec))
+    for role in ("prefill", "decode"):
+        cfg = parse_config(cm["data"][f"{role}.yaml"])
+        assert (cfg.transfer.spin_microseconds, cfg.transfer.heartbeat_misses) == (250, 7)
+        assert cfg.listen.lanes
