@@ -79,8 +79,8 @@ class Inbox:
             self._sync_lanes(self.lanes)
             events = self._poller.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000)))
             ready = {fd for fd, _ in events if isinstance(fd, int)}
-            if ready or self.lanes.unknown:
-                self._queued.extend(self.lanes.service(ready))  # unknown lanes time out here too
+            if ready or self.lanes.waiting():
+                self._queued.extend(self.lanes.service(ready))  # connects and hellos time out here too
             try:
                 return self._sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -143,6 +143,8 @@ class Pushers:
         self._ctx = ctx
         self._socks: dict[str, zmq.Socket] = {}
         self.lanes = lanes
+        if lanes is not None:
+            lanes.fallback = self._zmq_send
         self._dropped = 0
         self.last_send = 0.0
         """``time.monotonic()`` of the latest send (the role worker spins a while after one)."""
@@ -162,6 +164,9 @@ class Pushers:
             on_lane = self.lanes.send(address, frames)
             if on_lane is not None:
                 return on_lane
+        return self._zmq_send(address, frames)
+
+    def _zmq_send(self, address: str, frames: list[bytes]) -> bool:
         sock = self._socks.get(address)
         if sock is None:
             sock = self._ctx.socket(zmq.PUSH)

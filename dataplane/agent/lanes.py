@@ -29,16 +29,20 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 log = logging.getLogger("pdpair.agent.lanes")
 
 LANE_HELLO = b"PDPAIR-LANE-1"
 MAX_FRAMES = 64
 MAX_PENDING = 8 * 1024 * 1024
-CONNECT_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 1.0
+MAX_UNKNOWN = 64
+"""Accepted connections still owing their hello; more are closed at once (a flood costs no fds)."""
 HELLO_TIMEOUT = 5.0
 READ_CHUNK = 256 * 1024
-_U32 = struct.Struct("<I")
+T = TypeVar("T")
 _HEAD = struct.Struct("<II")
 
 
@@ -86,7 +90,10 @@ class FrameReader:
 
 
 class Lane:
-    """One TCP stream to a peer agent. ``address`` is the peer's ZMQ control address once known."""
+    """One TCP stream to a peer agent. ``address`` is the peer's ZMQ control address once known.
+
+    While a dialled lane is still connecting, messages wait unpacked in ``backlog``: if the connection
+    fails they go out over ZMQ instead, in order, so a lane that never comes up loses nothing."""
 
     def __init__(self, sock: socket.socket, address: str, max_message: int, *, connecting: bool = False):
         sock.setblocking(False)
@@ -95,15 +102,24 @@ class Lane:
         self.fd = sock.fileno()
         self.reader = FrameReader(max_message)
         self.out = bytearray()
+        self.backlog: list[list[bytes]] = []
+        self.backlog_bytes = 0
         self.since = time.monotonic()
-        self.dropped = 0
 
-    def send(self, data: bytes) -> bool:
-        """Queue one packed message and write what the socket takes now; False: dropped (full)."""
+    def send(self, frames: list[bytes]) -> bool:
+        """Queue one message and write what the socket takes now; False: dropped (too much pending)."""
+        if self.connecting:
+            size = sum(len(f) for f in frames)
+            if self.backlog_bytes + size > MAX_PENDING:
+                return False
+            self.backlog.append(frames)
+            self.backlog_bytes += size
+            self.flush()
+            return True
+        data = pack(frames)
         if len(self.out) + len(data) > MAX_PENDING:
-            self.dropped += 1
             return False
-        if self.out or self.connecting:
+        if self.out:
             self.out += data
             self.flush()
             return True
@@ -129,6 +145,8 @@ class Lane:
                     raise LaneError(f"lane to {self.address}: connect timed out") from None
                 return
             self.connecting = False
+            self.out += b"".join(pack(f) for f in self.backlog)
+            self.backlog, self.backlog_bytes = [], 0
         while self.out:
             try:
                 sent = self.sock.send(self.out)
@@ -181,6 +199,8 @@ class Lanes:
         self.invites: dict[str, bytes] = {}
         self.dropped = 0
         self.fallbacks = 0
+        self.fallback: Callable[[str, list[bytes]], object] = lambda address, frames: None
+        """Where the messages of a lane that never connected go (``Pushers`` sets its ZMQ send)."""
 
     # ---- set-up ---------------------------------------------------------------------------------
     def invite(self, address: str) -> bytes:
@@ -202,8 +222,9 @@ class Lanes:
             log.warning("lane to %s (%s:%d): %s; staying on ZMQ", address, host, port, os.strerror(rc))
             return
         lane = Lane(sock, address, self.max_message, connecting=rc != 0)
-        lane.send(pack([LANE_HELLO, token, me.encode()]))
+        lane.out += pack([LANE_HELLO, token, me.encode()])
         self.by_address[address] = lane
+        self._guard(lane, lane.flush)
 
     def forget(self, address: str) -> None:
         self.invites.pop(address, None)
@@ -224,14 +245,13 @@ class Lanes:
         lane = self.by_address.get(address)
         if lane is None:
             return None
-        try:
-            ok = lane.send(pack(frames))
-        except LaneError as exc:
-            self._broken(lane, exc)
+        ok = self._guard(lane, lambda: lane.send(frames))
+        if ok is None:
             return None
         if not ok:
             self.dropped += 1
-            log.warning("lane to %s: %d bytes pending, message dropped", address, len(lane.out))
+            pending = len(lane.out) + lane.backlog_bytes
+            log.warning("lane to %s: %d bytes pending, message dropped", address, pending)
         return ok
 
     def fds(self) -> list[int]:
@@ -240,6 +260,10 @@ class Lanes:
     def wants_write(self) -> list[int]:
         return [ln.fd for ln in self.by_address.values() if ln.out or ln.connecting]
 
+    def waiting(self) -> bool:
+        """Something to finish even without traffic: a connect, or a hello not yet received."""
+        return bool(self.unknown) or any(ln.connecting for ln in self.by_address.values())
+
     def service(self, ready: set[int]) -> list[list[bytes]]:
         """Accept, finish connects, flush output, read the ``ready`` descriptors: every whole message
         received, in order per lane."""
@@ -247,13 +271,10 @@ class Lanes:
         if self.lfd in ready:
             ready = ready | self._accept()  # a new lane's hello is often there already
         for lane in list(self.by_address.values()):
-            try:
-                if lane.out or lane.connecting:
-                    lane.flush()
-                if lane.fd in ready:
-                    out += lane.read()
-            except LaneError as exc:
-                self._broken(lane, exc)
+            if lane.out or lane.connecting:
+                self._guard(lane, lane.flush)
+            if lane.fd in ready and self.by_address.get(lane.address) is lane:
+                out += self._guard(lane, lane.read) or []
         now = time.monotonic()
         for fd, lane in list(self.unknown.items()):
             try:
@@ -280,6 +301,9 @@ class Lanes:
             except OSError as exc:
                 log.warning("lane listener: %s", exc)
                 break
+            if len(self.unknown) >= MAX_UNKNOWN:
+                sock.close()
+                continue
             lane = Lane(sock, "", self.max_message)
             self.unknown[lane.fd] = lane
             new.add(lane.fd)
@@ -307,9 +331,20 @@ class Lanes:
         if lane is not None:
             lane.close()
 
+    def _guard(self, lane: Lane, step: Callable[[], T]) -> T | None:
+        """``step()``, or None when it broke the lane (closed; its backlog handed to ZMQ)."""
+        try:
+            return step()
+        except LaneError as exc:
+            self._broken(lane, exc)
+            return None
+
     def _broken(self, lane: Lane, exc: Exception) -> None:
         log.warning("%s; falling back to ZMQ", exc)
         self.fallbacks += 1
         if self.by_address.get(lane.address) is lane:
             del self.by_address[lane.address]
         lane.close()
+        backlog, lane.backlog = lane.backlog, []
+        for frames in backlog:
+            self.fallback(lane.address, frames)

@@ -166,3 +166,60 @@ def test_inbox_reads_lanes_beside_zmq_and_pushers_prefer_the_lane():
         for closer in (push_a.close, push_b.close, inbox_a.close, inbox_b.close):
             closer()
         ctx.destroy(linger=0)
+
+
+def _full_listener() -> tuple[socket.socket, list[socket.socket]]:
+    """A listener that never accepts, its queue full: one more connect stays pending."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    fillers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(srv.getsockname())
+        fillers.append(s)
+    time.sleep(0.1)
+    return srv, fillers
+
+
+@pytest.mark.parametrize("how", ["refused", "timed out"])
+def test_messages_of_a_lane_that_never_connects_go_over_zmq_in_order(how, monkeypatch):
+    monkeypatch.setattr(lanes_mod, "CONNECT_TIMEOUT", 0.3)
+    ctx = zmq.Context()
+    la, lb = Lanes("127.0.0.1", 0, MAX), Lanes("127.0.0.1", 0, MAX)
+    inbox_a, push_b = Inbox(ctx, "127.0.0.1", 0, la), Pushers(ctx, lb)
+    a_addr = f"tcp://127.0.0.1:{inbox_a.port}"
+    srv, fillers = _full_listener() if how == "timed out" else (socket.socket(), [])
+    if how == "refused":
+        srv.bind(("127.0.0.1", 0))  # bound, never listening: connects are refused
+    try:
+        lb.dial(a_addr, "127.0.0.1", srv.getsockname()[1], b"t" * 16, "tcp://127.0.0.1:1")
+        for i in range(5):
+            assert push_b.send(a_addr, [b"m", str(i).encode()])
+        got, deadline = [], time.monotonic() + 5
+        while len(got) < 5 and time.monotonic() < deadline:
+            lb.service(set())  # the dialler's loop: finishes (or gives up on) its connect
+            msg = inbox_a.recv(0.05)
+            if msg:
+                got.append(msg)
+        assert [int(m[1]) for m in got] == list(range(5))
+        assert lb.by_address == {} and lb.fallbacks == 1
+    finally:
+        for s in (srv, *fillers):
+            s.close()
+        push_b.close()
+        inbox_a.close()
+        lb.close()
+        ctx.destroy(linger=0)
+
+
+def test_unknown_connections_are_capped(pair, monkeypatch):
+    a, _ = pair
+    monkeypatch.setattr(lanes_mod, "MAX_UNKNOWN", 3)
+    clients = [socket.create_connection(("127.0.0.1", a.port)) for _ in range(6)]
+    time.sleep(0.05)
+    a.service({a.lfd})
+    assert len(a.unknown) == 3
+    for c in clients:
+        c.close()
