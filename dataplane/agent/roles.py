@@ -68,7 +68,8 @@ _REFUSAL_KINDS = (
 def tight_timers() -> None:
     """Let this thread's timed waits end on time: Linux lets a sleep overrun by the thread's timer
     slack (50 µs by default) to batch wake-ups, and the worker's 20 µs pauses between polls of a
-    running transfer then last ~70 µs — longer than a small write takes. 1 ns of slack costs no CPU."""
+    running transfer then last ~70 µs — longer than a small write takes. 1 ns of slack costs no CPU.
+    Threads inherit it from the thread that starts them (``pdpair-agent run`` sets it first thing)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)

@@ -95,6 +95,9 @@ def pod_reporter(cfg: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
     from ..agent import AgentRuntime
+    from ..agent.roles import tight_timers
+
+    tight_timers()  # before any thread starts: the engine's progress threads inherit it
 
     cfg = load(args)
     if cfg.localapi.engine.mode == "external":

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -111,10 +112,13 @@ def test_profile_moves_and_verifies_every_component(tmp_path, profile, component
 def test_spinning_workers_move_and_verify(tmp_path):
     base = config(requests=30, tokens=(16, 700))
     spinning = msgspec.structs.replace(base.transfer, spin_microseconds=300)
-    with agents(tmp_path, msgspec.structs.replace(base, transfer=spinning)) as (_, decode):
+    with agents(tmp_path, msgspec.structs.replace(base, transfer=spinning)) as (prefill, decode):
         wait_for(lambda: finished(decode, 30), what="30 requests")
         assert_all_verified(decode, 30, {"kv", "aux", "mamba"})
         assert len(decode[0].status()["lanes"]["up"]) == 1
+        slack = Path(f"/proc/{prefill[0].proc.pid}/timerslack_ns")
+        if slack.exists():  # Linux: `run` tightens the timers of the process before any thread starts
+            assert slack.read_text().strip() == "1"
 
 
 @pytest.mark.parametrize(("prefill_lanes", "decode_lanes"), [(False, False), (True, False), (False, True)])
