@@ -32,6 +32,7 @@ HWM = 10_000
 WAKE = b"PDPAIR-WAKE"
 """One-frame message another thread of this process pushes to ``Inbox.wake_address``: "look again"."""
 _WAKE_IDS = itertools.count()
+FD_SETSIZE = 1024
 
 
 def tcp(host: str, port: int) -> str:
@@ -112,10 +113,14 @@ class Inbox:
         reading ``EVENTS`` first re-arms it, so a message arriving during the wait ends it."""
         if self._queued or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             return
-        if self.lanes is None:
-            select.select([self._fd], [], [], timeout)
-        else:
-            select.select([self._fd, *self.lanes.fds()], self.lanes.wants_write(), [], timeout)
+        reads = [self._fd, *self.lanes.fds()] if self.lanes is not None else [self._fd]
+        writes = self.lanes.wants_write() if self.lanes is not None else []
+        if max(reads) < FD_SETSIZE:
+            select.select(reads, writes, [], timeout)
+        else:  # select() cannot watch descriptors this high; the millisecond poll can
+            if self.lanes is not None:
+                self._sync_lanes(self.lanes)
+            self._poller.poll(max(1, math.ceil(timeout * 1000)))
 
     def drain(self, limit: int) -> list[list[bytes]]:
         """Up to ``limit`` messages already queued, without waiting (lanes are read by ``recv``)."""

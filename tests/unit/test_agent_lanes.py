@@ -223,3 +223,23 @@ def test_unknown_connections_are_capped(pair, monkeypatch):
     assert len(a.unknown) == 3
     for c in clients:
         c.close()
+
+
+def test_inbox_wait_copes_with_descriptors_select_cannot_watch(monkeypatch):
+    from dataplane.agent import control
+
+    ctx = zmq.Context()
+    la = Lanes("127.0.0.1", 0, MAX)
+    inbox, push = Inbox(ctx, "127.0.0.1", 0, la), Pushers(ctx)
+    monkeypatch.setattr(control, "FD_SETSIZE", 0)  # as if every descriptor were above 1023
+    try:
+        start = time.monotonic()
+        inbox.wait(0.05)
+        assert 0.04 < time.monotonic() - start < 1.0
+        push.send(f"tcp://127.0.0.1:{inbox.port}", [b"x"])
+        inbox.wait(2.0)
+        assert inbox.recv(2.0) == [b"x"]
+    finally:
+        push.close()
+        inbox.close()
+        ctx.destroy(linger=0)
