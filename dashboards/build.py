@@ -85,6 +85,10 @@ def transfer_dashboard() -> dict[str, Any]:
         _rate_panel("Engine errors by kind", "pdpair_agent_engine_errors_total", 'role=~"$role"',
                     "role, kind", "{{role}}: {{kind}}", "short",
                     "Errors raised by the transfer engine (NIXL / MoRI-IO)."),
+        _rate_panel("Role-worker CPU", "pdpair_agent_worker_cpu_seconds_total", 'role=~"$role"',
+                    "role, instance", "{{role}} {{instance}}", "percentunit",
+                    "Share of one core the agent's role-worker thread uses. One thread plans, posts and "
+                    "accounts every room: near 100% the agent, not the engine, limits throughput."),
     ))
     per_peer = Row("Per role and peer", (
         _rate_panel("Throughput by role and peer", "pdpair_agent_transfer_bytes_total", AGENT_SEL,

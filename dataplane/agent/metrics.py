@@ -8,9 +8,11 @@ one process (the demo, tests) never clash. The hot path is cheap: one update per
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PREFIX = "pdpair_agent_"
@@ -39,6 +41,41 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 OUTCOMES = ("success", "failed", "aborted")
 _COMP = ("component", "state_type", "role", "peer")
+
+
+def thread_cpu_seconds(native_id: int | None) -> float | None:
+    """CPU time a live thread of this process has used, from ``/proc`` (None: no such thread, or no
+    ``/proc``). By the kernel's thread id, so a thread that has ended reads as gone, never as another."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat", "rb") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class WorkerCpu:
+    """``worker_cpu_seconds_total``: the role worker's CPU time, read at scrape time. One thread plans,
+    posts and accounts every room, so its rate reaching 1 means the agent is CPU-bound on that thread."""
+
+    def __init__(self, role: str):
+        self.role = role
+        self.native_id: int | None = None
+
+    def seconds(self) -> float | None:
+        return thread_cpu_seconds(self.native_id)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            PREFIX + "worker_cpu_seconds",
+            "CPU seconds used by the role-worker thread (rate 1 = that one thread is saturated).",
+            labels=("role",),
+        )
+        secs = self.seconds()
+        if secs is not None:
+            family.add_metric((self.role,), secs)
+        yield family
 
 
 class AgentMetrics:
@@ -108,6 +145,8 @@ class AgentMetrics:
             PREFIX + "info", "Constant 1; labels describe the agent.", ("role", "agent"), registry=r
         )
         self.info.labels(role, agent).set(1)
+        self.worker_cpu = WorkerCpu(role)
+        r.register(self.worker_cpu)
         self._series: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}
         self._inflight = self.inflight.labels(role)

@@ -136,6 +136,7 @@ class RoleWorker(abc.ABC):
     def start(self, stop: threading.Event) -> None:
         self.thread = threading.Thread(target=self.run, args=(stop,), name=f"pdpair-{self.role}", daemon=True)
         self.thread.start()
+        self.metrics.worker_cpu.native_id = self.thread.native_id
 
     def alive(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
@@ -267,6 +268,9 @@ class RoleWorker(abc.ABC):
 
     def snapshot(self) -> dict[str, Any]:
         out = {"rooms": self.rooms.snapshot(), "dropped_control_messages": self.pushers.dropped}
+        cpu = self.metrics.worker_cpu.seconds()
+        if cpu is not None:
+            out["worker_cpu_seconds"] = round(cpu, 6)
         if self.lanes is not None:
             out["lanes"] = {"up": sorted(self.lanes.by_address), "fallbacks": self.lanes.fallbacks}
         out.update(self.stats.snapshot())

@@ -233,6 +233,12 @@ def _engine_errors(run: Run, series: list[Series]) -> None:
     assert by_label(series[0], "role").get("prefill", 0) > 0
 
 
+def _worker_cpu(run: Run, series: list[Series]) -> None:
+    """A share of one core: busy while moving rooms, never above one core (plus scrape jitter)."""
+    per_role = by_label(series[0], "role")
+    assert {"prefill", "decode"} <= per_role.keys() and all(0 < v < 1.2 for v in per_role.values()), per_role
+
+
 def _positive_per_peer(run: Run, series: list[Series]) -> None:
     assert {k for k, v in by_label(series[0], "role").items() if v > 0} == {"prefill", "decode"}
 
@@ -254,6 +260,7 @@ CHECKS: dict[str, Callable[[Run, list[Series]], None]] = {
     "Peers up": _peers_up,
     "Received bytes verified": _verified,
     "Engine errors by kind": _engine_errors,
+    "Role-worker CPU": _worker_cpu,
     "Throughput by role and peer": _positive_per_peer,
     "Write rate by role and peer": _prefill_positive,
     "Latency p99 by role and peer": _prefill_positive,

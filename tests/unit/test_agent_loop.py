@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import time
 
 import pytest
 
@@ -28,3 +29,35 @@ def test_the_worker_thread_sleeps_with_tight_timers_and_others_keep_theirs():
     t.join(5)
     assert seen["after"] == 1 and seen["before"] > 1
     assert prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == seen["before"]  # per thread: this one is untouched
+
+
+def test_worker_cpu_is_exported_for_the_worker_thread_only():
+    from dataplane.agent.metrics import AgentMetrics
+
+    metrics = AgentMetrics("prefill", "p@host")
+    assert b"pdpair_agent_worker_cpu_seconds_total{" not in metrics.exposition()  # no worker yet
+    stop, started = threading.Event(), threading.Event()
+
+    def busy():
+        started.set()
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        stop.wait(5)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    started.wait(5)
+    metrics.worker_cpu.native_id = t.native_id
+    deadline = time.monotonic() + 5
+    while (metrics.worker_cpu.seconds() or 0) < 0.05 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    line = next(ln for ln in metrics.exposition().decode().splitlines() if ln.startswith(
+        'pdpair_agent_worker_cpu_seconds_total{role="prefill"}'))
+    assert 0.05 <= float(line.split()[-1]) < 5  # this thread's CPU, not the process's
+    stop.set()
+    t.join(5)
+    deadline = time.monotonic() + 5  # join returns a moment before the kernel reaps the thread
+    while metrics.worker_cpu.seconds() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert metrics.worker_cpu.seconds() is None  # the thread is gone: no stale figure
