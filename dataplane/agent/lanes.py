@@ -38,6 +38,8 @@ LANE_HELLO = b"PDPAIR-LANE-1"
 MAX_FRAMES = 64
 MAX_PENDING = 8 * 1024 * 1024
 CONNECT_TIMEOUT = 1.0
+MAX_HELLO = 1024
+"""Largest first message an accepted lane may send: its hello (a token and an address)."""
 MAX_UNKNOWN = 64
 """Accepted connections still owing their hello; more are closed at once (a flood costs no fds)."""
 HELLO_TIMEOUT = 5.0
@@ -58,11 +60,13 @@ def pack(frames: list[bytes]) -> bytes:
 
 
 class FrameReader:
-    """Reassembles messages from a byte stream; refuses sizes above ``max_message``."""
+    """Reassembles messages from a byte stream; refuses sizes above ``max_message`` (above
+    ``first_max`` for the first message: an accepted lane's hello, before anyone knows the peer)."""
 
-    def __init__(self, max_message: int):
+    def __init__(self, max_message: int, first_max: int | None = None):
         self.buf = bytearray()
         self.max_message = max_message
+        self.first_max = first_max
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         buf = self.buf
@@ -70,7 +74,8 @@ class FrameReader:
         out, at = [], 0
         while len(buf) - at >= 8:
             size, n = _HEAD.unpack_from(buf, at)
-            if size > self.max_message or n > MAX_FRAMES or size < 4 + 4 * n:
+            limit = self.max_message if self.first_max is None else self.first_max
+            if size > limit or n > MAX_FRAMES or size < 4 + 4 * n:
                 raise LaneError(f"bad lane message: {size} bytes, {n} frames")
             if len(buf) - at < 4 + size:
                 break
@@ -83,6 +88,7 @@ class FrameReader:
                 frames.append(bytes(buf[pos : pos + ln]))
                 pos += ln
             out.append(frames)
+            self.first_max = None
             at = pos
         if at:
             del buf[:at]
@@ -95,12 +101,15 @@ class Lane:
     While a dialled lane is still connecting, messages wait unpacked in ``backlog``: if the connection
     fails they go out over ZMQ instead, in order, so a lane that never comes up loses nothing."""
 
-    def __init__(self, sock: socket.socket, address: str, max_message: int, *, connecting: bool = False):
+    def __init__(
+        self, sock: socket.socket, address: str, max_message: int, *, connecting: bool = False,
+        first_max: int | None = None,
+    ):
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock, self.address, self.connecting = sock, address, connecting
         self.fd = sock.fileno()
-        self.reader = FrameReader(max_message)
+        self.reader = FrameReader(max_message, first_max)
         self.out = bytearray()
         self.backlog: list[list[bytes]] = []
         self.backlog_bytes = 0
@@ -304,7 +313,7 @@ class Lanes:
             if len(self.unknown) >= MAX_UNKNOWN:
                 sock.close()
                 continue
-            lane = Lane(sock, "", self.max_message)
+            lane = Lane(sock, "", self.max_message, first_max=MAX_HELLO)
             self.unknown[lane.fd] = lane
             new.add(lane.fd)
         return new

@@ -243,3 +243,14 @@ def test_inbox_wait_copes_with_descriptors_select_cannot_watch(monkeypatch):
         push.close()
         inbox.close()
         ctx.destroy(linger=0)
+
+
+def test_an_unknown_peer_cannot_open_with_a_large_message(pair):
+    a, _ = pair
+    raw = socket.create_connection(("127.0.0.1", a.port))
+    raw.sendall(pack([b"x" * 4096]))
+    assert pump(a, 1, timeout=0.5) == []
+    assert a.unknown == {} and a.by_address == {}
+    raw.close()
+    reader = FrameReader(MAX, first_max=64)
+    assert reader.feed(pack([b"h" * 32]) + pack([b"y" * 4096])) == [[b"h" * 32], [b"y" * 4096]]
