@@ -50,6 +50,16 @@ def stop_process(proc: subprocess.Popen[bytes], log: Any, timeout: float = 10.0)
     return int(proc.returncode)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU a live process has used (``/proc``; None where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -105,6 +115,9 @@ class AgentProcess:
     def log_tail(self, lines: int = 20) -> str:
         return tail(self.log_path, lines)
 
+    def cpu_seconds(self) -> float | None:
+        return process_cpu_seconds(self.proc.pid)
+
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
@@ -112,6 +125,28 @@ class AgentProcess:
     def stop(self, timeout: float = 10.0) -> int:
         self.signal(signal.SIGCONT)  # a frozen (SIGSTOP) agent must run to handle SIGTERM
         return stop_process(self.proc, self._log, timeout)
+
+
+class CpuProbe:
+    """CPU an agent spends from now on: its whole process, and its role-worker thread."""
+
+    def __init__(self, agent: AgentProcess):
+        self.agent = agent
+        self.process, self.worker = agent.cpu_seconds(), self._worker()
+
+    def _worker(self) -> float | None:
+        value = self.agent.status().get("worker_cpu_seconds")
+        return float(value) if value is not None else None
+
+    def spent(self) -> dict[str, float | None]:
+        return {
+            "process_seconds": _delta(self.process, self.agent.cpu_seconds()),
+            "worker_seconds": _delta(self.worker, self._worker()),
+        }
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    return after - before if before is not None and after is not None else None
 
 
 def loopback_pair(
@@ -137,7 +172,8 @@ def loopback_pair(
 
 def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-run-") -> dict[str, Any]:
     """Run one loopback prefill/decode pair until decode has completed ``cfg.synthetic.requests``
-    rooms (or ``timeout``), stop both, and return decode's final ``/status``."""
+    rooms (or ``timeout``), stop both, and return decode's final ``/status``, with the CPU prefill
+    spent once both were ready under ``prefill_cpu`` (``process_seconds``, ``worker_seconds``)."""
     import tempfile
 
     (p_cfg,), (d_cfg,) = loopback_pair(cfg)
@@ -147,10 +183,11 @@ def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-
         try:
             prefill.wait_ready()
             decode.wait_ready()
+            cpu = CpuProbe(prefill)
             deadline, want = time.monotonic() + timeout, cfg.synthetic.requests
             while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
                 time.sleep(STATUS_POLL)
-            return decode.status()
+            return {**decode.status(), "prefill_cpu": cpu.spent()}
         finally:
             decode.stop()
             prefill.stop()

@@ -19,12 +19,17 @@ that finished its forward pass produces; the ``presend_*`` columns.
 The defaults make each run's window last about a second on a 16-core host: with the earlier 64 MiB
 and 200 requests per case, a 4 KiB run lasted ~0.1 s and one run's ratio swung 0.6-1.0 between
 repetitions of the same code.
+
+``*_prefill_process_us`` / ``*_prefill_worker_us``: CPU µs per room the prefill agent spent (its whole
+process / its role-worker thread) from ready to the last room, warm-up rooms included: where the
+interface's cost lands, independent of how busy the machine was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -92,7 +97,19 @@ def direct_run(cfg: Any) -> dict[str, Any]:
     total = sum(c["bytes"] for c in st["components"].values())
     window = st["transfer_window_seconds"]
     n = max(1, st["requests"]["succeeded"] - cfg.synthetic.warmup)
-    return {"bytes": total, "gbps": total / window / 1e9 if window else 0.0, "us": window / n * 1e6}
+    return {
+        "bytes": total, "gbps": total / window / 1e9 if window else 0.0, "us": window / n * 1e6,
+        **per_request_cpu(st["prefill_cpu"], cfg.synthetic.requests),
+    }
+
+
+def per_request_cpu(spent: dict[str, float | None], rooms: int) -> dict[str, float]:
+    """The prefill agent's CPU µs per room (warm-up rooms included in both the CPU and the count):
+    its whole process, and its role-worker thread (NaN where ``/proc`` has no figure)."""
+    return {
+        f"prefill_{key}_us": (spent[f"{key}_seconds"] or math.nan) / max(1, rooms) * 1e6
+        for key in ("process", "worker")
+    }
 
 
 def run_case(label: str, cfg: Any, repeat: int = 1) -> dict[str, Any]:
@@ -116,10 +133,26 @@ def run_case(label: str, cfg: Any, repeat: int = 1) -> dict[str, Any]:
         "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
         "presend_interface_us": round(ahead["us"] - direct["us"], 1),
         "ratio_runs": [round(s["gbps"] / d["gbps"], 3) if d["gbps"] else None for d, s, _ in runs],
+        **{
+            f"{setup}_prefill_{key}_us": _rounded(figures[f"prefill_{key}_us"])
+            for setup, figures in (("direct", direct), ("sidecar", side), ("presend", ahead))
+            for key in ("process", "worker")
+        },
     }
 
 
+def _cpu_pair(r: dict[str, Any]) -> str:
+    """The prefill agent's CPU per request, direct / sidecar ("-" where /proc gave none)."""
+    d, s = r["direct_prefill_process_us"], r["sidecar_prefill_process_us"]
+    return f"{d:.0f}/{s:.0f}" if d is not None and s is not None else "-"
+
+
+def _rounded(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 1)
+
+
 def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
+    from ..agent.launch import CpuProbe
     from ..localapi.launch import SidecarPair
 
     syn = cfg.synthetic
@@ -130,9 +163,11 @@ def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
     decode_args = [*common, "--inflight", str(inflight)]
     with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-") as tmp, \
             SidecarPair(cfg, Path(tmp), decode_args=decode_args, prefill_args=prefill) as pair:
+        cpu = CpuProbe(pair.agents["prefill"])
         decode = pair.engines["decode"]
         decode.wait(600)
         rep = decode.report()
+        spent = cpu.spent()
     n = max(1, int(rep["counts"].get("measured", 0)))
     window = float(rep["window_seconds"])
     return {
@@ -140,6 +175,7 @@ def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
         "gbps": rep["bytes"] / window / 1e9 if window else 0.0,
         "us": window / n * 1e6,
         "api_us": rep["api_us_per_call"],
+        **per_request_cpu(spent, syn.requests),
     }
 
 
@@ -150,13 +186,14 @@ def table(results: list[dict[str, Any]]) -> str:
         ("presend GB/s", "presend_gbps", 12, ".3f"), ("ratio", "presend_ratio", 6, ".3f"),
         ("direct us/req", "direct_us_per_request", 13, ".1f"), ("interface us", "interface_us", 12, ".1f"),
         ("presend us", "presend_interface_us", 10, ".1f"), ("api us", "api_us", 7, ".1f"),
+        ("prefill CPU us d/s", "prefill_cpu", 18, ""),
     ]
     head = " ".join(f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols))
     lines = [head, "-" * len(head)]
     for r in results:
         cells = []
         for i, (_, key, w, fmt) in enumerate(cols):
-            value = r[key] if r[key] is not None else 0
+            value = _cpu_pair(r) if key == "prefill_cpu" else (r[key] if r[key] is not None else 0)
             cells.append(f"{value:{'<' if not i else '>'}{w}{fmt}}")
         lines.append(" ".join(cells))
     return "\n".join(lines)
