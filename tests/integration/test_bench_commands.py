@@ -39,3 +39,6 @@ def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> No
     for key in ("direct_gbps", "sidecar_gbps", "presend_gbps", "api_us"):
         assert row[key] > 0, key
     assert row["ratio"] == pytest.approx(row["sidecar_gbps"] / row["direct_gbps"], rel=0.02)
+    for setup in ("direct", "sidecar", "presend"):  # the prefill agent's CPU per room, from /proc
+        process, worker = row[f"{setup}_prefill_process_us"], row[f"{setup}_prefill_worker_us"]
+        assert worker > 0 and 0 <= process < 1e6, (setup, process, worker)  # NaN fails too
