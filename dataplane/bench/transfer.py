@@ -18,13 +18,17 @@ going first, so drift in the machine's load hits both alike):
 - memcpy: numpy copies of the same blocks in this process (the machine's limit).
 
 Each figure is the median over the repetitions. ``overhead_us`` = agent median latency minus raw median
-latency per request: what the agent's control path (two ZMQ hops, planning, accounting) adds.
+latency per request: what the agent's control path (two control hops, planning, accounting) adds.
+``prefill_cpu_us`` / ``prefill_worker_cpu_us``: CPU µs per room the prefill agent spent (its process /
+its role-worker thread, from ``/proc``, warm-up rooms included) — with rooms in flight the worker's
+figure is the agent's throughput limit, whatever else the machine was doing.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -109,7 +113,13 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         "ratio_runs": [round(a["gbps"] / r["gbps"], 3) for a, r in zip(agents, raws, strict=True)],
         "overhead_runs_us": [round(a["p50_us"] - r["p50_us"], 1) for a, r in zip(agents, raws, strict=True)],
         "load_1m": [round(x, 2) for x in loads],
+        "prefill_cpu_us": _rounded(agent["prefill_cpu_us"]),
+        "prefill_worker_cpu_us": _rounded(agent["prefill_worker_cpu_us"]),
     }
+
+
+def _rounded(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 1)
 
 
 def _amortised(nbytes: float, agent_gbps: float, raw_gbps: float) -> float | None:
@@ -137,7 +147,12 @@ def _agent_pair(cfg: Any) -> dict[str, float]:
     total = sum(c["bytes"] for c in st["components"].values())
     window = st["transfer_window_seconds"]
     p50 = st["components"]["kv"]["p50_ms"] * 1e3
-    return {"gbps": total / window / 1e9 if window else 0.0, "p50_us": p50}
+    rooms = max(1, cfg.synthetic.requests)
+    cpu = {k: (v if v is not None else math.nan) / rooms * 1e6 for k, v in st["prefill_cpu"].items()}
+    return {
+        "gbps": total / window / 1e9 if window else 0.0, "p50_us": p50,
+        "prefill_cpu_us": cpu["process_seconds"], "prefill_worker_cpu_us": cpu["worker_seconds"],
+    }
 
 
 def _quiet_nixl() -> None:

@@ -195,6 +195,7 @@ COLUMNS = (
     ("agent/raw", "ratio_agent_vs_raw", ">9", ".3f"), ("agent p50 us", "agent_p50_us", ">12", ".1f"),
     ("raw p50 us", "raw_p50_us", ">10", ".1f"), ("overhead us", "overhead_us", ">11", ".1f"),
     ("amortised us", "amortised_overhead_us", ">12", ".1f"),
+    ("prefill worker CPU us", "prefill_worker_cpu_us", ">21", ".1f"),
 )
 
 
