@@ -1,11 +1,12 @@
 """The round-trip floor of a control message between two processes on this host, for the agent's
 per-request overhead target: pyzmq PUSH/PULL over loopback TCP (sglang's control protocol: decode's
-metadata to prefill, prefill's status back, two hops per request) and NIXL's standalone notifications
-(``send_notif`` / ``get_new_notifs``, the carrier our own agents could use instead).
+metadata to prefill, prefill's status back, two hops per request), a plain TCP stream read by the
+receiving thread itself (what paired agents use, ``dataplane.agent.lanes``) and NIXL's standalone
+notifications (``send_notif`` / ``get_new_notifs``).
 
-Each carrier is timed both ways a receiver can wait: sleeping (ZMQ: ``poll``; NIXL: 20 µs sleeps between
-checks) and spinning. Pings are 0.5 ms apart (one request at a time, as the latency figures are taken);
-the first 10% are left out. Prints p50 / p90 µs per round trip.
+Each carrier is timed both ways a receiver can wait: sleeping (ZMQ: ``poll``; TCP: ``select``; NIXL:
+20 µs sleeps between checks) and spinning. Pings are 0.5 ms apart (one request at a time, as the
+latency figures are taken); the first 10% are left out. Prints p50 / p90 µs per round trip.
 
     python3 bench/control_floor.py [--iterations 3000] [--json]
 """
