@@ -115,6 +115,12 @@ class TransferConfig(_Base, frozen=True):
     """After each message, send or running transfer, the role worker polls without sleeping for this
     long before it blocks again: a sleeping thread's wake-up (and a timer's 50 µs slack) is a large
     share of a small request's latency. Costs up to that much CPU per request; 0: never spin."""
+    coalesce_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 256 << 10
+    """Rooms that become ready together (messages handled in one turn of the worker) and go to the
+    same decode as one engine request each, of at most this many bytes, share one engine request:
+    an engine request's fixed cost (NIXL: descriptors, post, poll, release) is paid once for all.
+    Each room still completes and is reported on its own; a failed shared request fails them all.
+    0: every room posts its own."""
     device: Literal["cpu", "cuda"] = "cpu"
     gpu_id: int = 0
     mori: MoriConfig = MoriConfig()

@@ -13,12 +13,14 @@ Between two of our agents the same frames travel on a direct TCP lane once one i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 import select
 import time
 from collections import deque
+from collections.abc import Iterator
 
 import zmq
 
@@ -170,6 +172,19 @@ class Pushers:
             if on_lane is not None:
                 return on_lane
         return self._zmq_send(address, frames)
+
+    @contextlib.contextmanager
+    def corked(self) -> Iterator[None]:
+        """Messages sent inside go out together at the end, one write per lane (ZMQ batches its own);
+        nested use is the outermost's."""
+        if self.lanes is None or self.lanes.corked:
+            yield
+            return
+        self.lanes.corked = True
+        try:
+            yield
+        finally:
+            self.lanes.uncork()
 
     def _zmq_send(self, address: str, frames: list[bytes]) -> bool:
         sock = self._socks.get(address)

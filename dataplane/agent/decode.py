@@ -286,6 +286,10 @@ class DecodeWorker(RoleWorker):
         )
 
     def generate(self, now: float) -> None:
+        with self.pushers.corked():  # the rooms made in one turn leave in one write per lane
+            self._generate(now)
+
+    def _generate(self, now: float) -> None:
         syn = self.cfg.synthetic
         while (
             syn.enabled

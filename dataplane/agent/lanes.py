@@ -115,8 +115,9 @@ class Lane:
         self.backlog_bytes = 0
         self.since = time.monotonic()
 
-    def send(self, frames: list[bytes]) -> bool:
-        """Queue one message and write what the socket takes now; False: dropped (too much pending)."""
+    def send(self, frames: list[bytes], defer: bool = False) -> bool:
+        """Queue one message and write what the socket takes now (``defer``: leave it queued for
+        ``flush``); False: dropped (too much pending)."""
         if self.connecting:
             size = sum(len(f) for f in frames)
             if self.backlog_bytes + size > MAX_PENDING:
@@ -128,9 +129,10 @@ class Lane:
         data = pack(frames)
         if len(self.out) + len(data) > MAX_PENDING:
             return False
-        if self.out:
+        if self.out or defer:
             self.out += data
-            self.flush()
+            if not defer:
+                self.flush()
             return True
         try:
             sent = self.sock.send(data)
@@ -210,6 +212,9 @@ class Lanes:
         self.fallbacks = 0
         self.fallback: Callable[[str, list[bytes]], object] = lambda address, frames: None
         """Where the messages of a lane that never connected go (``Pushers`` sets its ZMQ send)."""
+        self.corked = False
+        """Sends only queue, until ``uncork`` writes each lane's queue at once (one syscall per lane
+        for the replies to messages handled together)."""
 
     # ---- set-up ---------------------------------------------------------------------------------
     def invite(self, address: str) -> bytes:
@@ -254,7 +259,7 @@ class Lanes:
         lane = self.by_address.get(address)
         if lane is None:
             return None
-        ok = self._guard(lane, lambda: lane.send(frames))
+        ok = self._guard(lane, lambda: lane.send(frames, self.corked))
         if ok is None:
             return None
         if not ok:
@@ -262,6 +267,13 @@ class Lanes:
             pending = len(lane.out) + lane.backlog_bytes
             log.warning("lane to %s: %d bytes pending, message dropped", address, pending)
         return ok
+
+    def uncork(self) -> None:
+        """Stop deferring sends and write what they queued."""
+        self.corked = False
+        for lane in list(self.by_address.values()):
+            if lane.out and not lane.connecting:
+                self._guard(lane, lane.flush)
 
     def fds(self) -> list[int]:
         return [self.lfd, *(ln.fd for ln in self.by_address.values()), *self.unknown]

@@ -19,9 +19,11 @@ scattered, and Success waits for decode's last acknowledgement.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,7 @@ from ..codec import (
 from ..codec.control import Staged, StagedOffer
 from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, TransferFailed
 from ..planner import PeerLayout, RequestIndices, WritePlan, pairing_for, plan_request
-from ..transports import Peer, Transfer, TransferState
+from ..transports import Peer, Transfer, TransferState, Writes
 from .control import tcp
 from .forward import ForwardThread
 from .liveness import Heartbeats
@@ -90,6 +92,10 @@ class PrefillWorker(RoleWorker):
         self.forward = ForwardThread(self._fill, self.ctx, self.inbox.wake_address)
         tr = self.cfg.transfer
         self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
+        self.coalesce_bytes = tr.coalesce_bytes
+        self._together: dict[str, list[tuple[Any, list[Part], Any, float]]] | None = None
+        """While ``coalesced``: rooms waiting to be posted together, by decode address."""
+        self.coalesced_requests = self.coalesced_rooms = 0
         self.staged = (
             PrefillStaging(self.staging, self.transport, self.agent_id, self.pushers.send)
             if self.staging is not None
@@ -249,8 +255,10 @@ class PrefillWorker(RoleWorker):
 
     def start_writes(self) -> None:
         """Rooms the forward thread has filled: plan and start their writes."""
-        for key, dp, md, src in self.forward.done():
-            self.launch(key, dp, md, src)
+        filled = self.forward.done()
+        with self.together(len(filled)):
+            for key, dp, md, src in filled:
+                self.launch(key, dp, md, src)
 
     def launch(self, key: Any, dp: DecodePeer, md: TransferMetadata, src: Any) -> None:
         room = self.rooms.get(key)
@@ -284,11 +292,67 @@ class PrefillWorker(RoleWorker):
                 room.data.staged = (time.perf_counter(), staged)
             if len(plan) == 0:
                 return  # every component staged
-        for parts, writes in transfer_requests(plan, self.transport.one_request_rows):
+        requests = transfer_requests(plan, self.transport.one_request_rows)
+        if self._together is not None and len(requests) == 1 and requests[0][1].nbytes <= self.coalesce_bytes:
+            self._together.setdefault(dp.address, []).append((room, *requests[0], time.perf_counter()))
+            return  # posted with the other rooms of this turn when ``coalesced`` ends
+        for parts, writes in requests:
             start = time.perf_counter()
             transfer = self.transport.write(dp.peer, writes)
             room.data.pending.append((transfer, start, time.perf_counter(), parts))
         self.advance(room)  # writes an engine completes while posting: Success goes out now
+
+    @contextlib.contextmanager
+    def coalesced(self) -> Iterator[None]:
+        """Small rooms started inside wait; on exit each decode's get one engine request together."""
+        if self._together is not None or self.coalesce_bytes <= 0:
+            yield
+            return
+        self._together = {}
+        try:
+            yield
+        finally:
+            together, self._together = self._together, None
+            for waiting in together.values():
+                self.post_together(waiting)
+
+    def post_together(self, waiting: list[tuple[Any, list[Part], Any, float]]) -> None:
+        """One engine request for rooms to one decode; a request the engine refuses as a whole is
+        retried room by room, so a bad room fails alone and with its own reason."""
+        live = [w for w in waiting if self.still_writing(w[0])]
+        transfer = None
+        if len(live) > 1:
+            try:
+                writes = Writes.concat([w[2] for w in live])
+                transfer = self.transport.write(live[0][0].data.decode.peer, writes)
+            except PDPairError:
+                transfer = None
+        if transfer is None:
+            for room, parts, writes, start in live:
+                self.post_one(room, parts, writes, start)
+            return
+        posted = time.perf_counter()
+        transfer.holders = len(live)
+        self.coalesced_requests += 1
+        self.coalesced_rooms += len(live)
+        for room, parts, _, start in live:
+            room.data.pending.append((transfer, start, posted, parts))
+        for room, *_ in live:
+            self.advance(room)
+
+    def still_writing(self, room: Any) -> bool:
+        """The room is still in the table and not failed meanwhile (aborted, expired, peer lost)."""
+        current = self.rooms.get(room.key)
+        return current is room and current.state == KVPoll.Transferring
+
+    def post_one(self, room: Any, parts: list[Part], writes: Any, start: float) -> None:
+        try:
+            transfer = self.transport.write(room.data.decode.peer, writes)
+        except PDPairError as exc:
+            self.finish(self.rooms.fail(room.key, f"plan: {exc}"), KVPoll.Failed)
+            return
+        room.data.pending.append((transfer, start, time.perf_counter(), parts))
+        self.advance(room)
 
     def poll_transfers(self) -> int:
         """Advance every in-flight room; returns how many transfers are still running."""
@@ -360,7 +424,7 @@ class PrefillWorker(RoleWorker):
         pr: PrefillRoom | None = room.data
         if pr is not None:
             for transfer, *_ in pr.pending:
-                self.transport.abort(transfer)
+                self.transport.release(transfer)  # a request shared with other rooms runs on for them
             pr.pending.clear()
             if pr.staged is not None and self.staged is not None:
                 self.staged.drop(room.key[0], room.room)
@@ -380,6 +444,7 @@ class PrefillWorker(RoleWorker):
 
     def snapshot(self) -> dict[str, Any]:
         out = super().snapshot()
+        out["coalesced"] = {"requests": self.coalesced_requests, "rooms": self.coalesced_rooms}
         if self.staged is not None:
             out["staged"] = self.staged.snapshot()
         return out

@@ -22,6 +22,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -147,8 +148,10 @@ class RoleWorker(abc.ABC):
         spin = self.cfg.transfer.spin_microseconds * 1e-6
         while not stop.is_set():
             first = self.inbox.recv(0 if running or spinning else self.idle_wait())
-            for frames in ([first] if first else []) + (self.inbox.drain(DRAIN) if first else []):
-                self.dispatch(frames)
+            batch = [first, *self.inbox.drain(DRAIN)] if first else []
+            with self.together(len(batch)):
+                for frames in batch:
+                    self.dispatch(frames)
             running = self.poll_transfers()
             now = time.monotonic()
             if first:
@@ -164,6 +167,22 @@ class RoleWorker(abc.ABC):
                 pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
                 self.inbox.wait(pause)
         self.shutdown()
+
+    @contextlib.contextmanager
+    def together(self, n: int) -> Iterator[None]:
+        """Handling ``n`` messages (or engine requests) that arrived together: the replies leave
+        together (one write per lane), and a role may carry their rooms' writes in one engine request
+        (``coalesced``). The per-message costs of syscalls and engine requests are what bound a worker
+        under many small rooms."""
+        if n < 2:
+            yield
+            return
+        with self.pushers.corked(), self.coalesced():
+            yield
+
+    def coalesced(self) -> contextlib.AbstractContextManager[None]:
+        """Rooms started inside may share engine requests, posted on exit (prefill)."""
+        return contextlib.nullcontext()
 
     def idle_wait(self) -> float:
         return IDLE_WAIT

@@ -63,6 +63,10 @@ def register(subparsers: Any) -> None:
         "--spin-us", type=int, default=0, metavar="US",
         help="the agents' transfer.spinMicroseconds: poll without sleeping this long after each message",
     )
+    t.add_argument(
+        "--coalesce-bytes", type=int, default=None, metavar="N",
+        help="the prefill agent's transfer.coalesceBytes (0: every room its own engine request)",
+    )
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
     t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
     t.set_defaults(handler=run)
@@ -172,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
             cfg = msgspec.structs.replace(cfg, listen=msgspec.structs.replace(cfg.listen, lanes=False))
         if args.spin_us:
             tr = msgspec.structs.replace(cfg.transfer, spin_microseconds=args.spin_us)
+            cfg = msgspec.structs.replace(cfg, transfer=tr)
+        if args.coalesce_bytes is not None:
+            tr = msgspec.structs.replace(cfg.transfer, coalesce_bytes=args.coalesce_bytes)
             cfg = msgspec.structs.replace(cfg, transfer=tr)
         print(f"bench: {label} ...", file=sys.stderr, flush=True)
         results.append(run_case(label, cfg, repeat=args.repeat, warmup=args.warmup))

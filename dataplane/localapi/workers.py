@@ -53,13 +53,16 @@ class _LinkMixin:
         """The engine owns every item; the agent never frees one."""
 
     def drain_link(self, now: float) -> None:
-        for cmd in self.link.drain():
-            try:
-                self.on_command(cmd, now)
-            except PDPairError as exc:
-                room = getattr(cmd, "room", -1)
-                log.warning("engine request for room %s failed: %s", room, exc)
-                self.link.report(room, KVPoll.Failed, str(exc))
+        commands = self.link.drain()
+        w: Any = self
+        with w.together(len(commands)):
+            for cmd in commands:
+                try:
+                    self.on_command(cmd, now)
+                except PDPairError as exc:
+                    room = getattr(cmd, "room", -1)
+                    log.warning("engine request for room %s failed: %s", room, exc)
+                    self.link.report(room, KVPoll.Failed, str(exc))
 
     def tick(self, now: float) -> None:
         """Once per turn of the loop, after every other step: the turn's room states go out together."""

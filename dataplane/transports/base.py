@@ -78,6 +78,12 @@ class Writes:
             raise PlanError(f"write arrays must be 1-D and of one length, got {[a.shape for a in arrays]}")
         return cls(*arrays)
 
+    @classmethod
+    def concat(cls, parts: Sequence[Writes]) -> Writes:
+        """Several batches as one (in order), e.g. the rooms one engine request carries together."""
+        names = ("local_region", "local_offset", "remote_region", "remote_offset", "size")
+        return cls(*(np.concatenate([getattr(w, name) for w in parts]) for name in names))
+
     def subset(self, mask: np.ndarray) -> Writes:
         return Writes(*(a[mask] for a in (self.local_region, self.local_offset, self.remote_region,
                                            self.remote_offset, self.size)))
@@ -193,6 +199,9 @@ class Transfer:
     state: TransferState = TransferState.IN_PROGRESS
     error: TransferFailed | None = None
     started: float = field(default_factory=time.monotonic)
+    holders: int = 1
+    """How many users share this transfer (rooms one engine request carries together): ``release``
+    aborts it only when the last lets go."""
 
     def fail(self, error: TransferFailed) -> TransferState:
         self.state, self.error = TransferState.FAILED, error
@@ -270,6 +279,12 @@ class Transport(ABC):
     @abstractmethod
     def abort(self, transfer: Transfer) -> None:
         """Release the transfer's engine resources, cancelling it if still running; idempotent."""
+
+    def release(self, transfer: Transfer) -> None:
+        """One holder is done with ``transfer``; the last one aborts it (a no-op once it is done)."""
+        transfer.holders -= 1
+        if transfer.holders <= 0:
+            self.abort(transfer)
 
     def wait(self, transfer: Transfer, deadline: float) -> None:
         """Block until done (``time.monotonic`` deadline). Raises ``DeadlineExceeded`` (after aborting

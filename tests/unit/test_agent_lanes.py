@@ -254,3 +254,27 @@ def test_an_unknown_peer_cannot_open_with_a_large_message(pair):
     raw.close()
     reader = FrameReader(MAX, first_max=64)
     assert reader.feed(pack([b"h" * 32]) + pack([b"y" * 4096])) == [[b"h" * 32], [b"y" * 4096]]
+
+
+
+def test_corked_sends_leave_together_in_order_on_uncork(pair):
+    """Replies to messages handled together go out in one write per lane: nothing is written while
+    corked (the whole batch waits in the lane's buffer), everything in order once uncorked; nested
+    corks leave it to the outermost."""
+    a, b = pair
+    b.dial(A_ADDR, "127.0.0.1", a.port, a.invite(B_ADDR), B_ADDR)
+    b.send(A_ADDR, [b"first"])
+    assert pump(a, 1) == [[b"first"]]
+    pushers, lane = Pushers(zmq.Context.instance(), a), a.by_address[B_ADDR]
+    messages = [[b"status", str(i).encode()] for i in range(5)]
+    with pushers.corked():
+        with pushers.corked():
+            for m in messages:
+                assert pushers.send(B_ADDR, m) is True
+        assert bytes(lane.out) == b"".join(pack(m) for m in messages)
+        time.sleep(0.05)
+        assert b.service(set(b.fds())) == []
+    assert not lane.out and not a.corked
+    assert pump(b, 5) == messages
+    assert pushers.send(B_ADDR, [b"after"]) is True and not lane.out  # uncorked: written at once
+    assert pump(b, 1) == [[b"after"]]

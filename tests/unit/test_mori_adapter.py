@@ -128,3 +128,16 @@ def test_block_plan_indices() -> None:
     remote = block_indices(writes.remote_region, writes.remote_offset, writes.size, bases, g)
     assert local.tolist() == [2, 3, 4] and remote.tolist() == [4, 5, 1]
     assert block_size(w([0], [1], [0], [0], [1]), sizes, sizes, 1000) is None
+
+
+def test_a_shared_transfer_is_aborted_only_by_its_last_holder(setup: Any) -> None:
+    """Rooms carried by one engine request (the prefill's coalescing) let go one by one: the
+    request keeps running for the others until the last one releases it."""
+    me, peer, _, _, far_key = setup
+    mori_double.engine(far_key).frozen = True
+    t = me.write(peer, w([0, 1], [0, 0], [0, 1], [0, 0], [16, 16]))
+    t.holders = 2
+    me.release(t)
+    assert t.state is TransferState.IN_PROGRESS and t.error is None
+    me.release(t)
+    assert t.state is TransferState.FAILED and "aborted" in str(t.error)

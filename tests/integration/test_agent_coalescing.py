@@ -1,0 +1,72 @@
+"""Rooms that start in one turn of prefill's worker share one engine request (``transfer.coalesceBytes``):
+a prefill and a decode ``AgentRuntime`` in one process over real NIXL and loopback control, eight rooms
+in flight, and decode verifies every byte of every component of every room — with coalescing on (and
+seen to happen) and off (never happening)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from dataplane.agent import AgentRuntime
+from dataplane.agent.launch import loopback_pair
+from dataplane.agent.prefill import DecodePeer, PrefillWorker
+from dataplane.codec import KVPoll, TransferMetadata
+from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
+
+REQUESTS = 64
+
+
+class InlineFillPrefill(PrefillWorker):
+    """Fills each room's sources in line instead of on the forward thread, so the rooms of one batch
+    of decode's messages start in one turn of the loop, which is when coalescing applies."""
+
+    def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
+        key = (dp.address, md.room)
+        self.rooms.add(key, md.room, dp.label, self.timeout)
+        self.rooms.advance(key, KVPoll.WaitingForInput)
+        self.launch(*self._fill((key, dp, md)))
+
+
+def config(profile: str, coalesce_bytes: int) -> AgentConfig:
+    return AgentConfig(
+        model=ModelConfig(profile=profile, pool_pages=256, max_requests=16),
+        transfer=TransferConfig(
+            timeout_seconds=10, heartbeat_interval_seconds=0.2, coalesce_bytes=coalesce_bytes
+        ),
+        synthetic=SyntheticConfig(
+            requests_per_second=0, requests=REQUESTS, tokens=(64, 300, 17), max_inflight=8, verify=True
+        ),
+    )
+
+
+CASES = [("qwen3-next", 4 << 20), ("gpt-oss", 4 << 20), ("qwen3-next", 0)]
+
+
+@pytest.mark.parametrize(("profile", "coalesce_bytes"), CASES)
+def test_rooms_started_together_share_a_request_and_every_byte_arrives(profile: str, coalesce_bytes: int):
+    (p_cfg,), (d_cfg,) = loopback_pair(config(profile, coalesce_bytes))
+    prefill = AgentRuntime(p_cfg, worker_factory=InlineFillPrefill).start()
+    decode = AgentRuntime(d_cfg).start()
+    try:
+        deadline = time.monotonic() + 60
+        while decode.worker.completed < REQUESTS and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = decode.status.snapshot()
+        assert st["requests"]["succeeded"] == REQUESTS, st["requests"]
+        assert st["requests"]["verification_failures"] == 0
+        for name, c in st["components"].items():
+            assert c["bytes"] > 0 and c["verified_bytes"] == c["bytes"] and c["mismatched_bytes"] == 0, name
+        worker: Any = prefill.worker
+        shared = prefill.status.snapshot()["coalesced"]
+        assert shared == {"requests": worker.coalesced_requests, "rooms": worker.coalesced_rooms}
+        if coalesce_bytes:
+            assert shared["requests"] > 0 and shared["rooms"] >= 2 * shared["requests"], shared
+        else:
+            assert shared == {"requests": 0, "rooms": 0}
+        assert not prefill.transport._running  # type: ignore[attr-defined]  # every engine request released
+    finally:
+        decode.stop()
+        prefill.stop()
