@@ -65,6 +65,7 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
             heartbeat_interval_seconds=spec.transfer.heartbeat_interval_seconds,
             heartbeat_misses=spec.transfer.heartbeat_misses,
             spin_microseconds=spec.transfer.spin_microseconds,
+            coalesce_bytes=spec.transfer.coalesce_bytes,
             device=spec.transfer.device,
             mori=spec.transfer.mori,
             nixl=spec.transfer.nixl,

@@ -54,6 +54,7 @@ class Transfer(_Spec, frozen=True):
     heartbeat_interval_seconds: float = 1.0
     heartbeat_misses: int = 5
     spin_microseconds: int = 0
+    coalesce_bytes: int = 256 << 10
     device: Literal["cpu", "cuda"] = "cpu"
     mori: Mori = Mori()
     nixl: Nixl = Nixl()

@@ -33,6 +33,8 @@ def test_json_is_accepted() -> None:
         (b"role: [unclosed", "not valid YAML/JSON"),
         (b"transfer: {spinMicroseconds: -1}", "at `$.transfer.spinMicroseconds`"),
         (b"transfer: {spinMicroseconds: 200000}", "at `$.transfer.spinMicroseconds`"),
+        (b"transfer: {coalesceBytes: -1}", "at `$.transfer.coalesceBytes`"),
+        (b"transfer: {coalesceBytes: 67108865}", "at `$.transfer.coalesceBytes`"),
         (b"listen: {lanes: maybe}", "at `$.listen.lanes`"),
     ],
 )

@@ -119,9 +119,12 @@ def test_reasonless_gate_condition_is_not_an_agent_report() -> None:
 
 
 def test_transfer_settings_reach_both_roles_agent_config() -> None:
-    owner = make_owner(transfer={"backend": "nixl", "spinMicroseconds": 250, "heartbeatMisses": 7})
+    owner = make_owner(
+        transfer={"backend": "nixl", "spinMicroseconds": 250, "heartbeatMisses": 7, "coalesceBytes": 4096}
+    )
     cm = render.build_config_map(owner, generation_hash(owner.spec))
     for role in ("prefill", "decode"):
         cfg = parse_config(cm["data"][f"{role}.yaml"])
         assert (cfg.transfer.spin_microseconds, cfg.transfer.heartbeat_misses) == (250, 7)
+        assert cfg.transfer.coalesce_bytes == 4096
         assert cfg.listen.lanes
