@@ -298,7 +298,7 @@ class PrefillWorker(RoleWorker):
             return  # posted with the other rooms of this turn when ``coalesced`` ends
         for parts, writes in requests:
             start = time.perf_counter()
-            transfer = self.transport.write(dp.peer, writes)
+            transfer = self.transport.write(dp.peer, writes, overlap=self.busy())
             room.data.pending.append((transfer, start, time.perf_counter(), parts))
         self.advance(room)  # writes an engine completes while posting: Success goes out now
 
@@ -324,7 +324,7 @@ class PrefillWorker(RoleWorker):
         if len(live) > 1:
             try:
                 writes = Writes.concat([w[2] for w in live])
-                transfer = self.transport.write(live[0][0].data.decode.peer, writes)
+                transfer = self.transport.write(live[0][0].data.decode.peer, writes, overlap=self.busy())
             except PDPairError:
                 transfer = None
         if transfer is None:
@@ -340,6 +340,11 @@ class PrefillWorker(RoleWorker):
         for room, *_ in live:
             self.advance(room)
 
+    def busy(self) -> bool:
+        """Other rooms wait for this worker (more messages this turn, or other rooms in the table):
+        a large write's copy should then run beside their work, not before it."""
+        return self.turn > 1 or len(self.rooms) > 1
+
     def still_writing(self, room: Any) -> bool:
         """The room is still in the table and not failed meanwhile (aborted, expired, peer lost)."""
         current = self.rooms.get(room.key)
@@ -347,7 +352,7 @@ class PrefillWorker(RoleWorker):
 
     def post_one(self, room: Any, parts: list[Part], writes: Any, start: float) -> None:
         try:
-            transfer = self.transport.write(room.data.decode.peer, writes)
+            transfer = self.transport.write(room.data.decode.peer, writes, overlap=self.busy())
         except PDPairError as exc:
             self.finish(self.rooms.fail(room.key, f"plan: {exc}"), KVPoll.Failed)
             return

@@ -126,6 +126,8 @@ class RoleWorker(abc.ABC):
         self._names = {KV_COMPONENT: ("kv", "kv"), AUX_COMPONENT: ("aux", "aux")}
         self._names.update({i: (c.name, c.state_type) for i, c in enumerate(schema.components)})
         self.thread: threading.Thread | None = None
+        self.turn = 1
+        """How many messages this turn of the loop handles together (``together``)."""
         self.pool_lock = threading.Lock()
         """Guards the allocators when a role fills sources on another thread (prefill's engine)."""
         self.setup()
@@ -177,8 +179,12 @@ class RoleWorker(abc.ABC):
         if n < 2:
             yield
             return
-        with self.pushers.corked(), self.coalesced():
-            yield
+        self.turn = n
+        try:
+            with self.pushers.corked(), self.coalesced():
+                yield
+        finally:
+            self.turn = 1
 
     def coalesced(self) -> contextlib.AbstractContextManager[None]:
         """Rooms started inside may share engine requests, posted on exit (prefill)."""

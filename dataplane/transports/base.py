@@ -257,9 +257,11 @@ class Transport(ABC):
     def _release(self, peer: Any) -> None:
         """Free what the engine holds for a peer that ``disconnect`` has just forgotten."""
 
-    def write(self, peer: Peer, writes: WriteSpec | Writes) -> Transfer:
+    def write(self, peer: Peer, writes: WriteSpec | Writes, *, overlap: bool = False) -> Transfer:
         """Start one-sided writes local → remote without blocking; bounds-checked first (``PlanError``),
-        or by the engine (``bounds_checked_by_engine``: the transfer fails)."""
+        or by the engine (``bounds_checked_by_engine``: the transfer fails). ``overlap``: the caller
+        has other work to do meanwhile, so an engine that copies inside its post (NIXL host memory)
+        should post from its own thread rather than make the caller wait for the copy."""
         batch = writes if isinstance(writes, Writes) else Writes.of(writes)
         if not peer.connected:
             raise BadInput(f"{self.name}: peer {peer.peer_id!r} is disconnected")
@@ -267,10 +269,10 @@ class Transport(ABC):
             check_bounds(batch, self._local_sizes, peer.remote_sizes)
         if len(batch) == 0:
             return Transfer(peer, 0, 0, TransferState.DONE)
-        return self._start(peer, batch)
+        return self._start(peer, batch, overlap)
 
     @abstractmethod
-    def _start(self, peer: Peer, writes: Writes) -> Transfer: ...
+    def _start(self, peer: Peer, writes: Writes, overlap: bool) -> Transfer: ...
 
     @abstractmethod
     def poll(self, transfer: Transfer) -> TransferState:

@@ -208,7 +208,7 @@ class CudaIpcTransport(Transport):
         for closer in closers:
             closer()
 
-    def _start(self, peer: Peer, writes: Writes) -> CudaIpcTransfer:
+    def _start(self, peer: Peer, writes: Writes, overlap: bool) -> CudaIpcTransfer:
         assert isinstance(peer, CudaIpcPeer)
         rt, stream = self._rt, self._stream
         n = len(writes)

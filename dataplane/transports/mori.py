@@ -146,7 +146,7 @@ class MoriTransport(Transport):
         except Exception as exc:
             raise _mapped(exc, f"disconnect {peer.peer_id!r}") from exc
 
-    def _start(self, peer: Peer, writes: Writes) -> MoriTransfer:
+    def _start(self, peer: Peer, writes: Writes, overlap: bool) -> MoriTransfer:
         assert isinstance(peer, MoriPeer)
         if peer.key in self._dead:
             raise PeerGone(f"mori: peer {peer.peer_id!r} ({peer.key}) has failed")

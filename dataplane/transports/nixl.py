@@ -194,12 +194,14 @@ class NixlTransport(Transport):
         if any(errors):
             raise TransferFailed(f"nixl: disconnecting {peer.peer_id!r}: {next(e for e in errors if e)}")
 
-    def _start(self, peer: Peer, writes: Writes) -> NixlTransfer:
+    def _start(self, peer: Peer, writes: Writes, overlap: bool) -> NixlTransfer:
         assert isinstance(peer, NixlPeer)
         transfer = NixlTransfer(peer, len(writes), writes.nbytes)
-        # Hand the copy over only when there is other work to overlap it with: alone in flight (one
-        # room at a time), the worker would wait for it anyway and the hand-off only adds latency.
-        poster = self._poster if self._running and writes.nbytes > self.post_inline_bytes else None
+        # Hand the copy over only when there is other work to overlap it with (another transfer
+        # running, or the caller's word): alone (one room at a time), the worker would wait for it
+        # anyway and the hand-off only adds latency.
+        busy = overlap or self._running
+        poster = self._poster if busy and writes.nbytes > self.post_inline_bytes else None
         self._running += 1
         try:
             parts = self._by_memory(peer, writes)
