@@ -37,6 +37,28 @@ def test_writes_queued_behind_a_running_one_go_through_the_thread_and_land() -> 
         assert t._running == 0
 
 
+def test_the_callers_overlap_word_sends_a_lone_large_write_through_the_thread() -> None:
+    """Host writes complete inside their post, so a worker that polls each room's transfer before
+    reading the next room never has one running: its ``overlap=True`` (other rooms wait) must be
+    enough. Without it a lone write, and with it a small one, is posted in line."""
+    with nixl_pair(None) as pair:
+        t = pair.transport
+        assert isinstance(t, NixlTransport) and t._poster is not None
+        deadline = time.monotonic() + 30
+        for i, (size, overlap, threaded) in enumerate(
+            [(2 * MIB, False, 0), (2 * MIB, True, 1), (64 << 10, True, 0), (2 * MIB, True, 1)]
+        ):
+            before = t._poster.posted
+            tr = t.write(pair.peer, one(i * 2 * MIB, size), overlap=overlap)
+            t.wait(tr, deadline)
+            assert t._poster.posted - before == threaded, (size, overlap)
+            assert t._running == 0
+        got = pair.read_remote(0)
+        for i, size in enumerate([2 * MIB, 2 * MIB, 64 << 10, 2 * MIB]):
+            at = i * 2 * MIB
+            assert np.array_equal(got[at : at + size], pair.local[0][at : at + size])
+
+
 def test_a_transfer_aborted_while_queued_is_never_posted() -> None:
     with nixl_pair(None) as pair:
         t = pair.transport
