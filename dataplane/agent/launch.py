@@ -172,8 +172,9 @@ def loopback_pair(
 
 def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-run-") -> dict[str, Any]:
     """Run one loopback prefill/decode pair until decode has completed ``cfg.synthetic.requests``
-    rooms (or ``timeout``), stop both, and return decode's final ``/status``, with the CPU prefill
-    spent once both were ready under ``prefill_cpu`` (``process_seconds``, ``worker_seconds``)."""
+    rooms (or ``timeout``), stop both, and return decode's final ``/status``, with the CPU each
+    spent once both were ready under ``prefill_cpu`` / ``decode_cpu`` (``process_seconds``,
+    ``worker_seconds``)."""
     import tempfile
 
     (p_cfg,), (d_cfg,) = loopback_pair(cfg)
@@ -183,11 +184,11 @@ def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-
         try:
             prefill.wait_ready()
             decode.wait_ready()
-            cpu = CpuProbe(prefill)
+            cpu, decode_cpu = CpuProbe(prefill), CpuProbe(decode)
             deadline, want = time.monotonic() + timeout, cfg.synthetic.requests
             while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
                 time.sleep(STATUS_POLL)
-            return {**decode.status(), "prefill_cpu": cpu.spent()}
+            return {**decode.status(), "prefill_cpu": cpu.spent(), "decode_cpu": decode_cpu.spent()}
         finally:
             decode.stop()
             prefill.stop()

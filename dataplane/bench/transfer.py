@@ -21,7 +21,8 @@ Each figure is the median over the repetitions. ``overhead_us`` = agent median l
 latency per request: what the agent's control path (two control hops, planning, accounting) adds.
 ``prefill_cpu_us`` / ``prefill_worker_cpu_us``: CPU µs per room the prefill agent spent (its process /
 its role-worker thread, from ``/proc``, warm-up rooms included) — with rooms in flight the worker's
-figure is the agent's throughput limit, whatever else the machine was doing.
+figure is the agent's throughput limit, whatever else the machine was doing;
+``decode_worker_cpu_us``: the same for decode's role worker (which side bounds small rooms).
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         "load_1m": [round(x, 2) for x in loads],
         "prefill_cpu_us": _rounded(agent["prefill_cpu_us"]),
         "prefill_worker_cpu_us": _rounded(agent["prefill_worker_cpu_us"]),
+        "decode_worker_cpu_us": _rounded(agent["decode_worker_cpu_us"]),
     }
 
 
@@ -149,9 +151,11 @@ def _agent_pair(cfg: Any) -> dict[str, float]:
     p50 = st["components"]["kv"]["p50_ms"] * 1e3
     rooms = max(1, cfg.synthetic.requests)
     cpu = {k: (v if v is not None else math.nan) / rooms * 1e6 for k, v in st["prefill_cpu"].items()}
+    dcpu = {k: (v if v is not None else math.nan) / rooms * 1e6 for k, v in st["decode_cpu"].items()}
     return {
         "gbps": total / window / 1e9 if window else 0.0, "p50_us": p50,
         "prefill_cpu_us": cpu["process_seconds"], "prefill_worker_cpu_us": cpu["worker_seconds"],
+        "decode_worker_cpu_us": dcpu["worker_seconds"],
     }
 
 

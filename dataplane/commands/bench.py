@@ -203,6 +203,7 @@ COLUMNS = (
     ("raw p50 us", "raw_p50_us", ">10", ".1f"), ("overhead us", "overhead_us", ">11", ".1f"),
     ("amortised us", "amortised_overhead_us", ">12", ".1f"),
     ("prefill worker CPU us", "prefill_worker_cpu_us", ">21", ".1f"),
+    ("decode worker CPU us", "decode_worker_cpu_us", ">20", ".1f"),
 )
 
 
