@@ -5,7 +5,6 @@ seen to happen) and off (never happening); large ones copied on the posting thre
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from dataplane.agent.launch import loopback_pair
 from dataplane.agent.prefill import DecodePeer, PrefillWorker
 from dataplane.codec import KVPoll, TransferMetadata
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
+from tests.inprocess import verified_run
 
 REQUESTS = 64
 
@@ -51,14 +51,7 @@ def test_rooms_started_together_share_a_request_and_every_byte_arrives(profile: 
     prefill = AgentRuntime(p_cfg, worker_factory=InlineFillPrefill).start()
     decode = AgentRuntime(d_cfg).start()
     try:
-        deadline = time.monotonic() + 60
-        while decode.worker.completed < REQUESTS and time.monotonic() < deadline:
-            time.sleep(0.02)
-        st = decode.status.snapshot()
-        assert st["requests"]["succeeded"] == REQUESTS, st["requests"]
-        assert st["requests"]["verification_failures"] == 0
-        for name, c in st["components"].items():
-            assert c["bytes"] > 0 and c["verified_bytes"] == c["bytes"] and c["mismatched_bytes"] == 0, name
+        verified_run(decode, REQUESTS, timeout=60)
         worker: Any = prefill.worker
         shared = prefill.status.snapshot()["coalesced"]
         assert shared == {"requests": worker.coalesced_requests, "rooms": worker.coalesced_rooms}

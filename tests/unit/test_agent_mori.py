@@ -5,13 +5,12 @@ loopback HTTP/ZMQ, move a hybrid profile's KV, aux and mamba state, and decode v
 
 from __future__ import annotations
 
-import time
-
 from dataplane.agent import AgentRuntime
 from dataplane.agent.launch import loopback_pair
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
 from dataplane.transports import mori_double
 from dataplane.transports.mori import MoriTransport
+from tests.inprocess import verified_run
 
 REQUESTS = 6
 
@@ -32,16 +31,8 @@ def test_hybrid_profile_moves_and_verifies_through_the_mori_double():
     decode = AgentRuntime(d_cfg, transport_sdk=mori_double).start()
     try:
         assert isinstance(prefill.transport, MoriTransport) and isinstance(decode.transport, MoriTransport)
-        deadline = time.monotonic() + 30
-        while decode.worker.completed < REQUESTS and time.monotonic() < deadline:
-            time.sleep(0.02)
-        st = decode.status.snapshot()
-        assert st["requests"]["succeeded"] == REQUESTS, st["requests"]
-        assert st["requests"]["verification_failures"] == 0
-        comps = st["components"]
+        comps = verified_run(decode, REQUESTS, timeout=30)["components"]
         assert {"kv", "aux", "mamba"} <= set(comps), comps
-        for name, c in comps.items():
-            assert c["bytes"] > 0 and c["verified_bytes"] == c["bytes"] and c["mismatched_bytes"] == 0, name
         engine = mori_double.engine(prefill.agent_id)
         assert engine.batch_calls, "prefill's writes went through the double's batch_write"
         assert prefill.status.ready and decode.status.ready
