@@ -179,12 +179,12 @@ class RoleWorker(abc.ABC):
         if n < 2:
             yield
             return
-        self.turn = n
+        outer, self.turn = self.turn, max(n, self.turn)
         try:
             with self.pushers.corked(), self.coalesced():
                 yield
         finally:
-            self.turn = 1
+            self.turn = outer
 
     def coalesced(self) -> contextlib.AbstractContextManager[None]:
         """Rooms started inside may share engine requests, posted on exit (prefill)."""

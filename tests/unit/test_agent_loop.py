@@ -61,3 +61,30 @@ def test_worker_cpu_is_exported_for_the_worker_thread_only():
     while metrics.worker_cpu.seconds() is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert metrics.worker_cpu.seconds() is None  # the thread is gone: no stale figure
+
+
+def test_messages_handled_together_nest_and_restore_the_turn():
+    """``together`` marks how many messages a turn handles (prefill's hint to overlap large copies)
+    and corks the lanes; a nested batch (the sidecar's engine requests inside a drained batch) keeps
+    the larger count and leaves restoring both to the outer one."""
+    from dataplane.agent import AgentRuntime
+    from dataplane.agent.launch import loopback_pair
+    from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.transports import mori_double
+
+    (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
+    rt = AgentRuntime(p_cfg, transport_sdk=mori_double)
+    worker = rt.worker
+    try:
+        assert worker.turn == 1 and worker.lanes is not None and not worker.lanes.corked
+        with worker.together(1):
+            assert worker.turn == 1 and not worker.lanes.corked  # one message: nothing to batch
+        with worker.together(3):
+            assert worker.turn == 3 and worker.lanes.corked
+            with worker.together(2):
+                assert worker.turn == 3 and worker.lanes.corked
+            assert worker.turn == 3 and worker.lanes.corked
+        assert worker.turn == 1 and not worker.lanes.corked
+    finally:
+        worker.shutdown()
+        rt.transport.close()
