@@ -11,10 +11,11 @@ reason back to decode, and the same reason in logs, metrics and ``/status``) →
 ``PeerLayout`` + prepared pairing → ``Hello`` back as the acceptance.
 Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
 ``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
-component (``requests.transfer_requests``: one engine request for a small room) → status Success /
-Failed to decode. With the staged path on (``agent/staged.py``), a
-decode that offered a landing buffer gets its small-write components gathered, written per slot and
-scattered, and Success waits for decode's last acknowledgement.
+component (``requests.transfer_requests``: one engine request for a small room; the small rooms that
+start in one turn of the loop share one, ``coalesced``) → status Success / Failed to decode. A large
+write's copy goes to the transport's posting thread when other rooms wait (``busy``). With the staged
+path on (``agent/staged.py``), a decode that offered a landing buffer gets its small-write components
+gathered, written per slot and scattered, and Success waits for decode's last acknowledgement.
 """
 
 from __future__ import annotations
