@@ -315,7 +315,19 @@ class PrefillWorker(RoleWorker):
         finally:
             together, self._together = self._together, None
             for waiting in together.values():
-                self.post_together(waiting)
+                self.post_together_safely(waiting)
+
+    def post_together_safely(self, waiting: list[tuple[Any, list[Part], Any, float]]) -> None:
+        """``post_together`` outside ``dispatch``'s guard: a bug fails these rooms, not the worker."""
+        try:
+            self.post_together(waiting)
+        except Exception:
+            log.exception("prefill: error posting %d rooms together", len(waiting))
+            self.metrics.record_engine_error("internal")
+            for room, *_ in waiting:
+                key = room.key
+                if self.rooms.get(key) is room:
+                    self.finish(self.rooms.fail(key, "internal error posting the room"), KVPoll.Failed)
 
     def post_together(self, waiting: list[tuple[Any, list[Part], Any, float]]) -> None:
         """One engine request for rooms to one decode; a request the engine refuses as a whole is

@@ -5,6 +5,7 @@ seen to happen) and off (never happening); large ones copied on the posting thre
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -64,6 +65,38 @@ def test_rooms_started_together_share_a_request_and_every_byte_arrives(profile: 
         # rooms of ~630 KiB with others waiting: their copies ran on the posting thread, beside the
         # worker's next rooms (``overlap``), although each finished before the next was read
         assert transport._poster is not None and transport._poster.posted > 0
+    finally:
+        decode.stop()
+        prefill.stop()
+
+
+class FailingOncePrefill(InlineFillPrefill):
+    """Its first shared request hits a bug (an exception no engine maps)."""
+
+    failed = False
+
+    def post_together(self, waiting: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("a bug while posting rooms together")
+        super().post_together(waiting)
+
+
+def test_a_bug_posting_rooms_together_fails_those_rooms_not_the_worker():
+    cfg = config("qwen3-next", 4 << 20)
+    (p_cfg,), (d_cfg,) = loopback_pair(cfg)
+    prefill = AgentRuntime(p_cfg, worker_factory=FailingOncePrefill).start()
+    decode = AgentRuntime(d_cfg).start()
+    try:
+        deadline = time.monotonic() + 60
+        while decode.worker.completed < REQUESTS and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = decode.status.snapshot()["requests"]
+        assert st["completed"] == REQUESTS and 1 <= REQUESTS - st["succeeded"] <= 8, st  # one group
+        assert st["verification_failures"] == 0
+        assert prefill.worker.alive() and prefill.status.snapshot()["coalesced"]["requests"] > 0
+        errors = b'pdpair_agent_engine_errors_total{kind="internal",role="prefill"} 1.0'
+        assert errors in prefill.metrics.exposition()
     finally:
         decode.stop()
         prefill.stop()
