@@ -56,6 +56,10 @@ class WriteSpec(Protocol):
     size: Any
 
 
+COLUMNS = ("local_region", "local_offset", "remote_region", "remote_offset", "size")
+"""The five parallel arrays of a batch of writes, in ``Writes``' field order."""
+
+
 @dataclass(frozen=True)
 class Writes:
     """Validated, contiguous parallel arrays (int32 region ids, int64 offsets and sizes)."""
@@ -71,7 +75,7 @@ class Writes:
         """Normalise a plan (or anything with the five arrays) and check their shapes."""
         arrays = [
             np.ascontiguousarray(getattr(spec, name), dtype=np.int32 if name.endswith("region") else np.int64)
-            for name in ("local_region", "local_offset", "remote_region", "remote_offset", "size")
+            for name in COLUMNS
         ]
         n = arrays[0].shape
         if any(a.ndim != 1 or a.shape != n for a in arrays):
@@ -81,12 +85,10 @@ class Writes:
     @classmethod
     def concat(cls, parts: Sequence[Writes]) -> Writes:
         """Several batches as one (in order), e.g. the rooms one engine request carries together."""
-        names = ("local_region", "local_offset", "remote_region", "remote_offset", "size")
-        return cls(*(np.concatenate([getattr(w, name) for w in parts]) for name in names))
+        return cls(*(np.concatenate([getattr(w, name) for w in parts]) for name in COLUMNS))
 
     def subset(self, mask: np.ndarray) -> Writes:
-        return Writes(*(a[mask] for a in (self.local_region, self.local_offset, self.remote_region,
-                                           self.remote_offset, self.size)))
+        return Writes(*(getattr(self, name)[mask] for name in COLUMNS))
 
     def __len__(self) -> int:
         return int(self.size.shape[0])
