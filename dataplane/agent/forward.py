@@ -10,15 +10,10 @@ a hand-off costs two thread wake-ups rather than a poll interval. Used only when
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
-
-import zmq
-
-from .control import WAKE
 
 STOP_CHECK = 0.25
 """Seconds between checks of the stop event while the queue is empty (a ``put`` never waits for it)."""
@@ -27,8 +22,8 @@ STOP_CHECK = 0.25
 class ForwardThread:
     """Runs ``job(item)`` for every submitted item on one thread; ``done()`` returns the results."""
 
-    def __init__(self, job: Callable[[Any], Any], ctx: zmq.Context, wake_address: str):
-        self._job, self._ctx, self._wake_address = job, ctx, wake_address
+    def __init__(self, job: Callable[[Any], Any], wake: Callable[[], None]):
+        self._job, self._wake = job, wake
         self._todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
@@ -48,21 +43,13 @@ class ForwardThread:
                 return out
 
     def _loop(self, stop: threading.Event) -> None:
-        wake = self._ctx.socket(zmq.PUSH)  # this thread's own socket: zmq sockets are not thread-safe
-        wake.setsockopt(zmq.LINGER, 0)
-        wake.setsockopt(zmq.SNDHWM, 64)
-        wake.connect(self._wake_address)
-        try:
-            while not stop.is_set():
-                try:
-                    item = self._todo.get(timeout=STOP_CHECK)
-                except queue.Empty:
-                    continue
-                self._done.put(self._job(item))
-                with contextlib.suppress(zmq.ZMQError):  # a full wake queue: the worker is awake anyway
-                    wake.send(WAKE, flags=zmq.NOBLOCK)
-        finally:
-            wake.close(linger=0)
+        while not stop.is_set():
+            try:
+                item = self._todo.get(timeout=STOP_CHECK)
+            except queue.Empty:
+                continue
+            self._done.put(self._job(item))
+            self._wake()
 
 
 __all__ = ["ForwardThread"]

@@ -90,7 +90,7 @@ class PrefillWorker(RoleWorker):
 
     def setup(self) -> None:
         self.peers: dict[str, DecodePeer] = {}
-        self.forward = ForwardThread(self._fill, self.ctx, self.inbox.wake_address)
+        self.forward = ForwardThread(self._fill, self.inbox.waker())
         tr = self.cfg.transfer
         self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
         self.coalesce_bytes = tr.coalesce_bytes
@@ -389,7 +389,8 @@ class PrefillWorker(RoleWorker):
         for i, (transfer, start, posted, parts) in enumerate(pr.pending):
             state = self.transport.poll(transfer)
             if state is TransferState.IN_PROGRESS:
-                running += 1
+                if not transfer.wakes:  # else the engine's thread wakes us when a poll is worth it
+                    running += 1
                 left.append(pr.pending[i])
                 continue
             if state is TransferState.FAILED:

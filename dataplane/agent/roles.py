@@ -116,6 +116,7 @@ class RoleWorker(abc.ABC):
         self.timeout = cfg.transfer.timeout_seconds
         lanes = Lanes(cfg.listen.host, cfg.listen.lane_port, MAX_MESSAGE) if cfg.listen.lanes else None
         self.inbox = Inbox(ctx, cfg.listen.host, cfg.listen.control_port, lanes)
+        transport.waker = self.inbox.waker()
         self.pushers = Pushers(ctx, lanes)
         self.lanes = lanes
         self.rooms = RoomTable()

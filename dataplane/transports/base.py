@@ -16,9 +16,10 @@ What the base class owns, so no adapter can forget it:
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -93,7 +94,7 @@ class Writes:
     def __len__(self) -> int:
         return int(self.size.shape[0])
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return int(self.size.sum())
 
@@ -204,6 +205,9 @@ class Transfer:
     holders: int = 1
     """How many users share this transfer (rooms one engine request carries together): ``release``
     aborts it only when the last lets go."""
+    wakes: bool = False
+    """While true, the adapter calls the transport's ``waker`` once this transfer's state may have
+    changed: the caller need not poll it until then (its copy is queued on an engine thread)."""
 
     def fail(self, error: TransferFailed) -> TransferState:
         self.state, self.error = TransferState.FAILED, error
@@ -212,6 +216,10 @@ class Transfer:
 
 class Transport(ABC):
     """One engine behind one small interface. Not thread-safe: one agent thread drives it."""
+
+    waker: Callable[[], None] | None = None
+    """Set by the driving thread: how an adapter's own thread tells it "poll again" (any thread may
+    call it). Adapters that never set ``Transfer.wakes`` ignore it."""
 
     name: ClassVar[str]
     one_request_rows: ClassVar[int] = 128

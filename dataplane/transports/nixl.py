@@ -26,7 +26,7 @@ import numpy as np
 from ..config import NixlConfig
 from ..errors import PDPairError, PeerGone, TransferFailed, WireFormatError
 from . import blocks
-from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
+from .base import SMALL, MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
 from .posting import Poster
 
 SDK_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl._api")
@@ -87,6 +87,8 @@ def _mapped(exc: Exception, what: str) -> TransferFailed:
 class NixlPeer(Peer):
     agent_name: str = ""
     descs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.uint64))
+    table: list[list[int]] = field(default_factory=list)
+    """``descs`` as Python lists (a room's few exact descriptors are built faster from them)."""
     mem: tuple[MemType, ...] = ()
     prepped: dict[tuple[MemType, int], Any] = field(default_factory=dict)
     bases: dict[tuple[MemType, int], np.ndarray] = field(default_factory=dict)
@@ -139,6 +141,7 @@ class NixlTransport(Transport):
         self._closed = False
         self._reg: list[Any] = []
         self._descs = np.zeros((0, 3), dtype=np.uint64)
+        self._table: list[list[int]] = []
         self._mem: tuple[MemType, ...] = ()
         self._local_prepped: dict[tuple[MemType, int], Any] = {}
         self._local_bases: dict[tuple[MemType, int], np.ndarray] = {}
@@ -159,9 +162,10 @@ class NixlTransport(Transport):
             except Exception as exc:
                 raise _mapped(exc, f"register {kind}") from exc
         self._descs = np.array([(r.addr, r.size, r.device_id) for r in regions], dtype=np.uint64)
+        self._table = self._descs.tolist()
         self._mem = mem
         if self._threaded and set(mem) == {"DRAM"}:
-            self._poster = Poster(self._post_one)
+            self._poster = Poster(self._post_one, self._posted)
         return [_encode.encode((r.addr, r.size, r.device_id, m)) for r, m in zip(regions, mem, strict=True)]
 
     def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> NixlPeer:
@@ -180,6 +184,7 @@ class NixlTransport(Transport):
             np.array([d[1] for d in descs], dtype=np.int64),
             agent_name=agent_name if isinstance(agent_name, str) else agent_name.decode(),
             descs=np.array([d[:3] for d in descs], dtype=np.uint64).reshape(-1, 3),
+            table=[list(d[:3]) for d in descs],
             mem=tuple(d[3] for d in descs),
         )
         self._peers.append(peer)
@@ -207,6 +212,7 @@ class NixlTransport(Transport):
             parts = self._by_memory(peer, writes)
             transfer.handles = [self._prepare(peer, w, lm, rm) for w, lm, rm in parts]
             if poster is not None:
+                transfer.wakes = self.waker is not None
                 poster.submit(transfer)
             else:
                 for handle in transfer.handles:
@@ -237,13 +243,21 @@ class NixlTransport(Transport):
         if status == "ERR":
             raise TransferFailed(f"nixl: posting a write to {transfer.peer.peer_id!r} failed")
 
+    def _posted(self, transfer: NixlTransfer) -> None:
+        """On the posting thread, after a transfer's last post: its state is worth a poll now."""
+        if transfer.wakes:
+            transfer.wakes = False
+            waker = self.waker
+            if waker is not None:
+                waker()
+
     def _prepare(self, peer: NixlPeer, w: Writes, lm: MemType, rm: MemType) -> Any:
         g = blocks.block_size(w, self._local_sizes, peer.remote_sizes, self.prep_limit)
         if g is not None and w.nbytes // g > INDICES_PER_ROW * len(w) + 64:
             g = None  # e.g. one room's 1 MiB page and 64 B aux slot: 16K indices, or two exact rows
         if g is None:
-            local = _exact(self._descs, w.local_region, w.local_offset, w.size)
-            remote = _exact(peer.descs, w.remote_region, w.remote_offset, w.size)
+            local = _exact(self._descs, self._table, w.local_region, w.local_offset, w.size)
+            remote = _exact(peer.descs, peer.table, w.remote_region, w.remote_offset, w.size)
             local, remote = self._agent.get_xfer_descs(local, lm), self._agent.get_xfer_descs(remote, rm)
             handle = self._agent.initialize_xfer("WRITE", local, remote, peer.agent_name)
         else:
@@ -335,8 +349,16 @@ def _bases(
     return cache[kind, block]
 
 
-def _exact(descs: np.ndarray, region: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """Nx3 (addr, len, dev) rows for exactly the given writes."""
+def _exact(
+    descs: np.ndarray, table: list[list[int]], region: np.ndarray, offset: np.ndarray, size: np.ndarray
+) -> np.ndarray | list[tuple[int, int, int]]:
+    """(addr, len, dev) rows for exactly the given writes: tuples for a few (a room's; ``table`` is
+    ``descs`` as lists), else Nx3."""
+    if len(size) <= SMALL:
+        return [
+            (table[r][0] + off, n, table[r][2])
+            for r, off, n in zip(region.tolist(), offset.tolist(), size.tolist(), strict=True)
+        ]
     rows = np.empty((len(size), 3), dtype=np.uint64)
     rows[:, 0] = descs[region, 0] + offset.astype(np.uint64)
     rows[:, 1] = size

@@ -26,10 +26,12 @@ Posting = tuple[Any, Any] | threading.Event | None
 
 
 class Poster:
-    """``post(transfer, handle)`` posts one handle and raises ``TransferFailed`` when it cannot."""
+    """``post(transfer, handle)`` posts one handle and raises ``TransferFailed`` when it cannot;
+    ``posted(transfer)`` runs here once a transfer's last handle is posted or skipped."""
 
-    def __init__(self, post: Callable[[Any, Any], None]):
+    def __init__(self, post: Callable[[Any, Any], None], posted: Callable[[Any], None] | None = None):
         self._post = post
+        self._posted = posted
         self._queue: queue.SimpleQueue[Posting] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="pdpair-post", daemon=True)
         self.posted = 0
@@ -58,6 +60,9 @@ class Poster:
                         transfer.post_error = exc
                     self.posted += 1
                 transfer.unposted -= 1
+                last = transfer.unposted == 0
+            if last and self._posted is not None:
+                self._posted(transfer)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Return once everything submitted so far is posted or skipped."""

@@ -35,7 +35,7 @@ def test_forward_thread_wakes_the_inbox_when_a_job_is_done():
     ctx = zmq.Context()
     inbox = Inbox(ctx, "127.0.0.1")
     stop = threading.Event()
-    fwd = ForwardThread(lambda x: x * 2, ctx, inbox.wake_address)
+    fwd = ForwardThread(lambda x: x * 2, inbox.waker())
     fwd.start(stop)
     try:
         fwd.submit(21)
