@@ -50,6 +50,9 @@ PAUSE_MIN, PAUSE_MAX, TIGHT = 20e-6, 1e-3, 1e-3
 DRAIN = 256
 PR_SET_TIMERSLACK = 29
 
+_ALONE = contextlib.nullcontext()
+"""``together`` for a single message: a shared no-op context."""
+
 Sources = tuple[np.ndarray, int | None, list[np.ndarray | None]]
 
 _REFUSAL_KINDS = (
@@ -171,15 +174,15 @@ class RoleWorker(abc.ABC):
                 self.inbox.wait(pause)
         self.shutdown()
 
-    @contextlib.contextmanager
-    def together(self, n: int) -> Iterator[None]:
+    def together(self, n: int) -> contextlib.AbstractContextManager[None]:
         """Handling ``n`` messages (or engine requests) that arrived together: the replies leave
         together (one write per lane), and a role may carry their rooms' writes in one engine request
         (``coalesced``). The per-message costs of syscalls and engine requests are what bound a worker
-        under many small rooms."""
-        if n < 2:
-            yield
-            return
+        under many small rooms. One message (every turn of a quiet loop) costs no context at all."""
+        return self._handled_together(n) if n > 1 else _ALONE
+
+    @contextlib.contextmanager
+    def _handled_together(self, n: int) -> Iterator[None]:
         outer, self.turn = self.turn, max(n, self.turn)
         try:
             with self.pushers.corked(), self.coalesced():
