@@ -204,9 +204,14 @@ class NixlTransport(Transport):
         transfer = NixlTransfer(peer, len(writes), writes.nbytes)
         # Hand the copy over only when there is other work to overlap it with (another transfer
         # running, or the caller's word): alone (one room at a time), the worker would wait for it
-        # anyway and the hand-off only adds latency.
-        busy = overlap or self._running
-        poster = self._poster if busy and writes.nbytes > self.post_inline_bytes else None
+        # anyway and the hand-off only adds latency. A small copy is handed over only to a thread
+        # that is awake with work queued anyway (no wake-up to pay): with rooms in flight, a room's
+        # many small component requests otherwise cost the worker their copies.
+        poster = self._poster
+        if poster is not None and not (
+            (overlap or self._running) and (writes.nbytes > self.post_inline_bytes or poster.backlog)
+        ):
+            poster = None
         self._running += 1
         try:
             parts = self._by_memory(peer, writes)

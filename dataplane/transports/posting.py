@@ -35,13 +35,23 @@ class Poster:
         self._queue: queue.SimpleQueue[Posting] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="pdpair-post", daemon=True)
         self.posted = 0
+        self._submitted = 0
+        """Handles queued so far (written by the submitting thread only)."""
+        self._settled = 0
+        """Handles posted or skipped so far (written by this thread only)."""
         self._thread.start()
 
     def submit(self, transfer: Any) -> None:
         """Queue every handle of ``transfer``; ``unposted`` is set before the first is queued."""
         transfer.unposted = len(transfer.handles)
         for handle in list(transfer.handles):
+            self._submitted += 1
             self._queue.put((transfer, handle))
+
+    @property
+    def backlog(self) -> int:
+        """Handles submitted and not yet posted or skipped: the thread is awake and has work."""
+        return self._submitted - self._settled
 
     def _run(self) -> None:
         while True:
@@ -61,6 +71,7 @@ class Poster:
                     self.posted += 1
                 transfer.unposted -= 1
                 last = transfer.unposted == 0
+            self._settled += 1
             if last and self._posted is not None:
                 self._posted(transfer)
 

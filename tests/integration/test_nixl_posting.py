@@ -59,6 +59,34 @@ def test_the_callers_overlap_word_sends_a_lone_large_write_through_the_thread() 
             assert np.array_equal(got[at : at + size], pair.local[0][at : at + size])
 
 
+def test_small_writes_join_a_thread_that_has_work_and_each_handed_over_transfer_wakes_once() -> None:
+    """A small write goes through the thread only while it has work queued (no wake-up to pay); a
+    transfer handed over is marked ``wakes`` until posted, then the transport's ``waker`` runs."""
+    with nixl_pair(None) as pair:
+        t = pair.transport
+        assert isinstance(t, NixlTransport) and t._poster is not None
+        woken: list[int] = []
+        t.waker = lambda: woken.append(1)
+        deadline = time.monotonic() + 30
+        alone = t.write(pair.peer, one(0, 64 << 10), overlap=True)  # idle thread: posted in line
+        assert not alone.wakes and t._poster.backlog == 0
+        t.wait(alone, deadline)
+        big = t.write(pair.peer, one(2 * MIB, 2 * MIB), overlap=True)
+        assert isinstance(big, NixlTransfer)
+        with big.post_lock:  # the thread is held before posting ``big``: its backlog cannot drain
+            assert big.wakes and t._poster.backlog == 1
+            small = t.write(pair.peer, one(4 * MIB, 64 << 10), overlap=True)
+            assert isinstance(small, NixlTransfer) and small.wakes and small.unposted == 1
+            assert t._poster.backlog == 2 and not woken
+        for tr in (big, small):
+            t.wait(tr, deadline)
+            assert not tr.wakes
+        assert len(woken) == 2 and t._poster.backlog == 0
+        got = pair.read_remote(0)
+        for at, size in ((0, 64 << 10), (2 * MIB, 2 * MIB), (4 * MIB, 64 << 10)):
+            assert np.array_equal(got[at : at + size], pair.local[0][at : at + size])
+
+
 def test_a_transfer_aborted_while_queued_is_never_posted() -> None:
     with nixl_pair(None) as pair:
         t = pair.transport
