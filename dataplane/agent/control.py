@@ -21,7 +21,7 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import zmq
 
@@ -126,25 +126,9 @@ class Inbox:
                 self._sync_lanes(self.lanes)
             self._poller.poll(max(1, math.ceil(timeout * 1000)))
 
-    def waker(self) -> Callable[[], None]:
-        """A callable any thread may call to end the reader's wait: a ``WAKE`` frame through that
-        thread's own PUSH socket, made on first use (zmq sockets are not thread-safe; the context's
-        ``destroy`` closes them). A full queue drops the frame: the reader is awake anyway."""
-        local = threading.local()
-        ctx, address = self._ctx, self.wake_address
-
-        def wake() -> None:
-            with contextlib.suppress(zmq.ZMQError):
-                sock = getattr(local, "sock", None)
-                if sock is None:
-                    sock = ctx.socket(zmq.PUSH)
-                    sock.setsockopt(zmq.LINGER, 0)
-                    sock.setsockopt(zmq.SNDHWM, WAKE_HWM)
-                    sock.connect(address)
-                    local.sock = sock
-                sock.send(WAKE, flags=zmq.NOBLOCK)
-
-        return wake
+    def waker(self, frame: bytes = WAKE) -> Waker:
+        """What another thread calls to end this inbox's wait (``frame``: what the reader sees)."""
+        return Waker(self._ctx, self.wake_address, frame)
 
     def drain(self, limit: int) -> list[list[bytes]]:
         """Up to ``limit`` messages already queued, without waiting (lanes are read by ``recv``)."""
@@ -162,6 +146,27 @@ class Inbox:
         self._sock.close(linger=0)
         if self.lanes is not None:
             self.lanes.close()
+
+
+class Waker:
+    """Ends a reader's wait from any thread: ``frame`` through the calling thread's own PUSH socket
+    to the reader's ``inproc://`` address, made on first use (zmq sockets are not thread-safe; the
+    context's ``destroy`` closes them). A full queue drops the frame: the reader is awake anyway."""
+
+    def __init__(self, ctx: zmq.Context, address: str, frame: bytes = WAKE):
+        self._ctx, self._address, self._frame = ctx, address, frame
+        self._local = threading.local()
+
+    def __call__(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # also a context already destroyed (shutting down)
+            sock = getattr(self._local, "sock", None)
+            if sock is None:
+                sock = self._ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, WAKE_HWM)
+                sock.connect(self._address)
+                self._local.sock = sock
+            sock.send(self._frame, flags=zmq.NOBLOCK)
 
 
 class Pushers:

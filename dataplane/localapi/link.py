@@ -12,14 +12,12 @@ never waits out the worker's idle sleep.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import zmq
 
 from .messages import RoomState
 
@@ -63,6 +61,10 @@ class DetachCmd:
 Command = SendCmd | ExpectCmd | AbortCmd | DetachCmd
 
 
+def _asleep() -> None:
+    """No worker attached yet: its first turn drains whatever was submitted."""
+
+
 class EngineLink:
     """Commands in (any thread → worker), room states out (worker → engine)."""
 
@@ -73,13 +75,11 @@ class EngineLink:
         self._lock = threading.Lock()
         self._push = push
         self._wake_pending = False
-        self._wake_address = ""
-        self._ctx: zmq.Context | None = None
-        self._local = threading.local()
+        self._wake: Callable[[], None] = _asleep
 
-    def attach(self, ctx: zmq.Context, inbox_address: str) -> None:
-        """Called by the worker: where ``submit`` sends its wake-up frame."""
-        self._ctx, self._wake_address = ctx, inbox_address
+    def attach(self, wake: Callable[[], None]) -> None:
+        """Called by the worker: how ``submit`` wakes it (``Inbox.waker(WAKE)``)."""
+        self._wake = wake
 
     def set_push(self, push: Push | None) -> None:
         self._push = push
@@ -91,19 +91,6 @@ class EngineLink:
         if not self._wake_pending:
             self._wake_pending = True
             self._wake()
-
-    def _wake(self) -> None:
-        if self._ctx is None:
-            return
-        sock = getattr(self._local, "sock", None)
-        if sock is None or self._local.address != self._wake_address:
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 16)
-            sock.connect(self._wake_address)
-            self._local.sock, self._local.address = sock, self._wake_address
-        with contextlib.suppress(zmq.ZMQError):  # a full wake queue: the worker has work queued already
-            sock.send(WAKE, flags=zmq.NOBLOCK)
 
     def drain(self) -> list[Command]:
         self._wake_pending = False
@@ -137,10 +124,3 @@ class EngineLink:
         with self._lock:
             st = self._states.get(room)
         return st if st is not None else RoomState(room=room, state=1)
-
-    def close_thread_socket(self) -> None:
-        """Close this thread's wake socket (a connection thread ending)."""
-        sock = getattr(self._local, "sock", None)
-        if sock is not None:
-            sock.close(linger=0)
-            self._local.sock = None

@@ -41,7 +41,7 @@ class _LinkMixin:
 
     def attach_link(self) -> None:
         w: Any = self
-        self.link.attach(w.ctx, w.inbox.wake_address)
+        self.link.attach(w.inbox.waker(WAKE))
 
     def dispatch(self, frames: list[bytes]) -> None:
         if frames == [WAKE]:
