@@ -387,10 +387,12 @@ class PrefillWorker(RoleWorker):
             return 0
         done, running, left = [], 0, []
         for i, (transfer, start, posted, parts) in enumerate(pr.pending):
+            if transfer.wakes:  # still queued on the engine's thread, which wakes us once it is posted
+                left.append(pr.pending[i])
+                continue
             state = self.transport.poll(transfer)
             if state is TransferState.IN_PROGRESS:
-                if not transfer.wakes:  # else the engine's thread wakes us when a poll is worth it
-                    running += 1
+                running += 1
                 left.append(pr.pending[i])
                 continue
             if state is TransferState.FAILED:

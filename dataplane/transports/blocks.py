@@ -17,8 +17,8 @@ def block_size(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray
     """The largest block size that expresses every write, or None when the lists (or the index arrays)
     would exceed ``limit`` entries — then exact descriptors are the cheaper route."""
     if len(writes) <= SMALL:
-        sizes = writes.size.tolist()
-        g = math.gcd(*writes.local_offset.tolist(), *writes.remote_offset.tolist(), *sizes)
+        _, local_offset, _, remote_offset, sizes = writes.lists
+        g = math.gcd(*local_offset, *remote_offset, *sizes)
         nbytes = sum(sizes)
     else:
         g = int(np.gcd.reduce(np.concatenate([writes.local_offset, writes.remote_offset, writes.size])))

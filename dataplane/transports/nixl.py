@@ -261,8 +261,8 @@ class NixlTransport(Transport):
         if g is not None and w.nbytes // g > INDICES_PER_ROW * len(w) + 64:
             g = None  # e.g. one room's 1 MiB page and 64 B aux slot: 16K indices, or two exact rows
         if g is None:
-            local = _exact(self._descs, self._table, w.local_region, w.local_offset, w.size)
-            remote = _exact(peer.descs, peer.table, w.remote_region, w.remote_offset, w.size)
+            local = _exact(self._descs, self._table, w, remote=False)
+            remote = _exact(peer.descs, peer.table, w, remote=True)
             local, remote = self._agent.get_xfer_descs(local, lm), self._agent.get_xfer_descs(remote, rm)
             handle = self._agent.initialize_xfer("WRITE", local, remote, peer.agent_name)
         else:
@@ -355,17 +355,17 @@ def _bases(
 
 
 def _exact(
-    descs: np.ndarray, table: list[list[int]], region: np.ndarray, offset: np.ndarray, size: np.ndarray
+    descs: np.ndarray, table: list[list[int]], w: Writes, *, remote: bool
 ) -> np.ndarray | list[tuple[int, int, int]]:
-    """(addr, len, dev) rows for exactly the given writes: tuples for a few (a room's; ``table`` is
-    ``descs`` as lists), else Nx3."""
-    if len(size) <= SMALL:
-        return [
-            (table[r][0] + off, n, table[r][2])
-            for r, off, n in zip(region.tolist(), offset.tolist(), size.tolist(), strict=True)
-        ]
-    rows = np.empty((len(size), 3), dtype=np.uint64)
+    """(addr, len, dev) rows for exactly the given writes' local (or remote) side: tuples for a few
+    (a room's; ``table`` is ``descs`` as lists), else Nx3."""
+    if len(w) <= SMALL:
+        lr, lo, rr, ro, sizes = w.lists
+        ids, offs = (rr, ro) if remote else (lr, lo)
+        return [(table[r][0] + off, n, table[r][2]) for r, off, n in zip(ids, offs, sizes, strict=True)]
+    region, offset = (w.remote_region, w.remote_offset) if remote else (w.local_region, w.local_offset)
+    rows = np.empty((len(w), 3), dtype=np.uint64)
     rows[:, 0] = descs[region, 0] + offset.astype(np.uint64)
-    rows[:, 1] = size
+    rows[:, 1] = w.size
     rows[:, 2] = descs[region, 2]
     return rows
