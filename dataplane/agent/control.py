@@ -139,7 +139,10 @@ class Inbox:
         for _ in range(limit - len(out)):
             if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than the ``zmq.Again`` raised
                 break
-            out.append(sock.recv_multipart(flags=zmq.NOBLOCK))
+            try:
+                out.append(sock.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                break
         return out
 
     def close(self) -> None:

@@ -88,3 +88,28 @@ def test_messages_handled_together_nest_and_restore_the_turn():
     finally:
         worker.shutdown()
         rt.transport.close()
+
+
+def test_the_transport_wakes_its_worker_from_another_thread():
+    """The worker hands its transport a ``waker``: an engine thread calling it (NIXL's posting
+    thread, once a queued write is posted) ends the worker's wait with a ``WAKE`` frame."""
+    from dataplane.agent import AgentRuntime
+    from dataplane.agent.control import WAKE
+    from dataplane.agent.launch import loopback_pair
+    from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.transports import mori_double
+
+    (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
+    rt = AgentRuntime(p_cfg, transport_sdk=mori_double)
+    worker = rt.worker
+    try:
+        waker = rt.transport.waker
+        assert waker is not None
+        assert worker.inbox.recv(0) is None
+        t = threading.Thread(target=waker)
+        t.start()
+        t.join(5)
+        assert worker.inbox.recv(5.0) == [WAKE]
+    finally:
+        worker.shutdown()
+        rt.transport.close()
