@@ -94,7 +94,7 @@ class PrefillWorker(RoleWorker):
         tr = self.cfg.transfer
         self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
         self.coalesce_bytes = tr.coalesce_bytes
-        self._together: dict[str, list[tuple[Any, list[Part], Any, float]]] | None = None
+        self._coalescing: dict[str, list[tuple[Any, list[Part], Any, float]]] | None = None
         """While ``coalesced``: rooms waiting to be posted together, by decode address."""
         self.coalesced_requests = self.coalesced_rooms = 0
         self.staged = (
@@ -294,8 +294,9 @@ class PrefillWorker(RoleWorker):
             if len(plan) == 0:
                 return  # every component staged
         requests = transfer_requests(plan, self.transport.one_request_rows)
-        if self._together is not None and len(requests) == 1 and requests[0][1].nbytes <= self.coalesce_bytes:
-            self._together.setdefault(dp.address, []).append((room, *requests[0], time.perf_counter()))
+        small = len(requests) == 1 and requests[0][1].nbytes <= self.coalesce_bytes
+        if self._coalescing is not None and small:
+            self._coalescing.setdefault(dp.address, []).append((room, *requests[0], time.perf_counter()))
             return  # posted with the other rooms of this turn when ``coalesced`` ends
         for parts, writes in requests:
             start = time.perf_counter()
@@ -306,15 +307,15 @@ class PrefillWorker(RoleWorker):
     @contextlib.contextmanager
     def coalesced(self) -> Iterator[None]:
         """Small rooms started inside wait; on exit each decode's get one engine request together."""
-        if self._together is not None or self.coalesce_bytes <= 0:
+        if self._coalescing is not None or self.coalesce_bytes <= 0:
             yield
             return
-        self._together = {}
+        self._coalescing = {}
         try:
             yield
         finally:
-            together, self._together = self._together, None
-            for waiting in together.values():
+            waiting_by_decode, self._coalescing = self._coalescing, None
+            for waiting in waiting_by_decode.values():
                 self.post_together_safely(waiting)
 
     def post_together_safely(self, waiting: list[tuple[Any, list[Part], Any, float]]) -> None:
