@@ -202,16 +202,7 @@ class NixlTransport(Transport):
     def _start(self, peer: Peer, writes: Writes, overlap: bool) -> NixlTransfer:
         assert isinstance(peer, NixlPeer)
         transfer = NixlTransfer(peer, len(writes), writes.nbytes)
-        # Hand the copy over only when there is other work to overlap it with (another transfer
-        # running, or the caller's word): alone (one room at a time), the worker would wait for it
-        # anyway and the hand-off only adds latency. A small copy is handed over only to a thread
-        # that is awake with work queued anyway (no wake-up to pay): with rooms in flight, a room's
-        # many small component requests otherwise cost the worker their copies.
-        poster = self._poster
-        if poster is not None and not (
-            (overlap or self._running) and (writes.nbytes > self.post_inline_bytes or poster.backlog)
-        ):
-            poster = None
+        poster = self._poster_for(writes, overlap)
         self._running += 1
         try:
             parts = self._by_memory(peer, writes)
@@ -229,6 +220,17 @@ class NixlTransport(Transport):
             self.abort(transfer)
             raise _mapped(exc, f"write to {peer.peer_id!r}") from exc
         return transfer
+
+    def _poster_for(self, writes: Writes, overlap: bool) -> Poster | None:
+        """The posting thread, when this copy should run there. Only with other work to overlap it
+        with (another transfer running, or the caller's word): alone (one room at a time) the worker
+        would wait for it anyway and the hand-off only adds latency. A small copy goes there only
+        while the thread is awake with work queued anyway (no wake-up to pay): with rooms in flight,
+        a room's small component requests would otherwise cost the worker their copies."""
+        poster = self._poster
+        if poster is None or not (overlap or self._running):
+            return None
+        return poster if writes.nbytes > self.post_inline_bytes or poster.backlog else None
 
     def _by_memory(self, peer: NixlPeer, writes: Writes) -> list[tuple[Writes, MemType, MemType]]:
         """The batch cut by (local, remote) memory kind: one NIXL request per pair. Both sides of one
