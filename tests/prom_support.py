@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,16 +21,12 @@ from typing import Any
 
 import yaml
 
+from dataplane.agent.launch import free_port
+
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "10s"
 """What Grafana computes for $__rate_interval here: at least four scrape intervals, and a little more."""
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Prometheus:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -60,10 +61,36 @@ def process_cpu_seconds(pid: int) -> float | None:
         return None
 
 
+EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+BELOW_EPHEMERAL = 12000
+"""How many ports under the kernel's ephemeral range ``free_port`` picks from."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free now, for a process about to bind it. Picked at random just below the kernel's
+    ephemeral range: a port ``bind(0)`` hands out comes from that range, where any outgoing
+    connection (ZMQ, NIXL, HTTP) may take it before the agent binds it ("Address already in use")."""
+    low = _ephemeral_low()
+    first = max(1024, low - BELOW_EPHEMERAL)
+    for _ in range(100 if low - first >= 1000 else 0):
+        port = random.randrange(first, low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range: the kernel's choice
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open(EPHEMERAL) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 class AgentProcess:
