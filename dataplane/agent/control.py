@@ -49,8 +49,11 @@ class Inbox:
     """The agent's bound PULL socket. ``port`` is the bound port (config 0 picks a free one).
 
     The same socket also binds ``wake_address`` (``inproc://``), so a helper thread's hand-off wakes
-    the worker blocked in ``recv`` at once instead of waiting for its next poll. ``lanes``: the direct
-    lanes to read beside the socket (their messages come out of ``recv`` and ``drain`` alike)."""
+    the worker blocked in ``recv`` or ``wait`` at once instead of waiting for its next poll. Only a
+    blocked worker is sent the ``WAKE`` frame (``Waker``): one that is awake sees the hand-off in its
+    next turn, and a frame would cost the helper a send and the GIL back after it, and the worker a
+    receive — per room, when the posting thread hands back each copy. ``lanes``: the direct lanes to
+    read beside the socket (their messages come out of ``recv`` and ``drain`` alike)."""
 
     def __init__(self, ctx: zmq.Context, host: str, port: int = 0, lanes: Lanes | None = None):
         self._ctx = ctx
@@ -72,10 +75,29 @@ class Inbox:
         self.lanes = lanes
         self._queued: deque[list[bytes]] = deque()
         self._polled: dict[int, int] = {}
+        self.sleeping = False
+        """The worker is in (or about to enter) a blocking wait: a hand-off must send ``WAKE``."""
+        self.handed_over = False
+        """A helper handed work over since the worker's turn began (``recv`` clears it)."""
 
     def recv(self, timeout: float) -> list[bytes] | None:
         """One multipart message, or None after ``timeout`` seconds (rounded up to whole ms: zmq
-        polls in ms, and rounding down would turn a short wait into a busy spin)."""
+        polls in ms, and rounding down would turn a short wait into a busy spin). The worker's turn
+        begins when it returns: hand-offs before then are the turn's to pick up."""
+        try:
+            return self._recv(self._asleep(timeout))
+        finally:
+            self.sleeping = self.handed_over = False
+
+    def _asleep(self, timeout: float) -> float:
+        """Mark the worker blocked, then look once more: a hand-off made before the mark sent no
+        frame (``Waker``), so it cuts the wait to nothing; one made after it sends one."""
+        if timeout <= 0:
+            return 0.0
+        self.sleeping = True
+        return 0.0 if self.handed_over else timeout
+
+    def _recv(self, timeout: float) -> list[bytes] | None:
         if self._queued:
             return self._queued.popleft()
         if self.lanes is None:
@@ -119,6 +141,14 @@ class Inbox:
         reading ``EVENTS`` first re-arms it, so a message arriving during the wait ends it."""
         if self._queued or self._sock.getsockopt(_EVENTS) & _POLLIN:
             return
+        try:
+            timeout = self._asleep(timeout)
+            if timeout > 0:
+                self._block(timeout)
+        finally:
+            self.sleeping = False
+
+    def _block(self, timeout: float) -> None:
         reads = [self._fd, *self.lanes.fds()] if self.lanes is not None else [self._fd]
         writes = self.lanes.wants_write() if self.lanes is not None else []
         if max(reads) < FD_SETSIZE:
@@ -130,7 +160,7 @@ class Inbox:
 
     def waker(self, frame: bytes = WAKE) -> Waker:
         """What another thread calls to end this inbox's wait (``frame``: what the reader sees)."""
-        return Waker(self._ctx, self.wake_address, frame)
+        return Waker(self._ctx, self.wake_address, frame, self)
 
     def drain(self, limit: int) -> list[list[bytes]]:
         """Up to ``limit`` messages already queued, without waiting (lanes are read by ``recv``)."""
@@ -156,13 +186,24 @@ class Inbox:
 class Waker:
     """Ends a reader's wait from any thread: ``frame`` through the calling thread's own PUSH socket
     to the reader's ``inproc://`` address, made on first use (zmq sockets are not thread-safe; the
-    context's ``destroy`` closes them). A full queue drops the frame: the reader is awake anyway."""
+    context's ``destroy`` closes them). A full queue drops the frame: the reader is awake anyway.
 
-    def __init__(self, ctx: zmq.Context, address: str, frame: bytes = WAKE):
+    With the reader's ``Inbox`` (``inbox``), the frame goes only to a reader that sleeps: the call
+    first records the hand-off, then reads ``sleeping``; the reader sets ``sleeping``, then reads the
+    record (``Inbox._asleep``) — in that order on both sides (the GIL orders them), one of the two
+    always sees the other, so no hand-off is left waiting for a wake-up that never comes."""
+
+    def __init__(self, ctx: zmq.Context, address: str, frame: bytes = WAKE, inbox: Inbox | None = None):
         self._ctx, self._address, self._frame = ctx, address, frame
         self._local = threading.local()
+        self._inbox = inbox
 
     def __call__(self) -> None:
+        inbox = self._inbox
+        if inbox is not None:
+            inbox.handed_over = True
+            if not inbox.sleeping:
+                return
         with contextlib.suppress(zmq.ZMQError):  # also a context already destroyed (shutting down)
             sock = getattr(self._local, "sock", None)
             if sock is None:

@@ -92,7 +92,8 @@ def test_messages_handled_together_nest_and_restore_the_turn():
 
 def test_the_transport_wakes_its_worker_from_another_thread():
     """The worker hands its transport a ``waker``: an engine thread calling it (NIXL's posting
-    thread, once a queued write is posted) ends the worker's wait with a ``WAKE`` frame."""
+    thread, once a queued write is posted) ends the worker's blocked wait with a ``WAKE`` frame; a
+    hand-off while the worker is awake sends none, and the worker's next wait does not block."""
     from dataplane.agent import AgentRuntime
     from dataplane.agent.control import WAKE
     from dataplane.agent.launch import loopback_pair
@@ -105,11 +106,29 @@ def test_the_transport_wakes_its_worker_from_another_thread():
     try:
         waker = rt.transport.waker
         assert waker is not None
-        assert worker.inbox.recv(0) is None
-        t = threading.Thread(target=waker)
+        inbox = worker.inbox
+        assert inbox.recv(0) is None
+
+        def wake_once_asleep() -> None:
+            for _ in range(5000):
+                if inbox.sleeping:
+                    break
+                time.sleep(0.001)
+            waker()
+
+        t = threading.Thread(target=wake_once_asleep)
         t.start()
+        start = time.monotonic()
+        assert inbox.recv(5.0) == [WAKE]
+        assert time.monotonic() - start < 2.5
         t.join(5)
-        assert worker.inbox.recv(5.0) == [WAKE]
+        waker()  # the worker is awake: no frame, but its next wait must not block
+        start = time.monotonic()
+        assert inbox.recv(5.0) is None
+        waker()
+        inbox.wait(5.0)  # the pause between polls of running transfers: the same
+        assert time.monotonic() - start < 1.0
+        assert inbox.recv(0) is None and not inbox.handed_over
     finally:
         worker.shutdown()
         rt.transport.close()
