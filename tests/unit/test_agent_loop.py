@@ -132,3 +132,36 @@ def test_the_transport_wakes_its_worker_from_another_thread():
     finally:
         worker.shutdown()
         rt.transport.close()
+
+
+def test_an_engine_request_handed_to_an_awake_sidecar_worker_is_drained_in_its_next_turn():
+    """The local API's connection thread submits to a worker that is awake: no ``WAKE`` frame goes out
+    (``Waker``), so the worker must not depend on one — its next wait ends at once and its turn drains
+    the link (a request left queued would also keep every later one from waking the worker)."""
+    import functools
+
+    from dataplane.agent import AgentRuntime
+    from dataplane.agent.launch import loopback_pair
+    from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.localapi.link import AbortCmd, EngineLink
+    from dataplane.localapi.workers import ExternalDecodeWorker
+    from dataplane.transports import mori_double
+
+    _, (d_cfg,) = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
+    link = EngineLink()
+    rt = AgentRuntime(
+        d_cfg, transport_sdk=mori_double, worker_factory=functools.partial(ExternalDecodeWorker, link=link)
+    )
+    worker = rt.worker
+    try:
+        assert worker.inbox.recv(0) is None
+        link.submit(AbortCmd(7, "engine gave up"))
+        assert link.pending and not worker.inbox.sleeping
+        start = time.monotonic()
+        assert worker.inbox.recv(5.0) is None  # no frame was sent, and the wait did not block
+        assert time.monotonic() - start < 1.0
+        worker.poll_transfers()
+        assert not link.pending
+    finally:
+        worker.shutdown()
+        rt.transport.close()
