@@ -5,9 +5,9 @@ allowed to touch the transport) ``drain``s commands on its loop and ``report``s 
 which are kept for ``Poll`` and pushed to the engine by ``flush``, once per turn of the worker's loop:
 one socket write for every state of that turn, the latest per room (states only move forward, so an
 engine never misses a terminal state). Bootstrapping is never pushed: it is what the client assumes
-of a room it has not heard about. ``submit`` wakes the worker (``control.Waker``: a ``WAKE`` frame
-into its inbox when it sleeps) — once per batch of commands, not per command — so a request never
-waits out the worker's idle sleep; the worker drains the link every turn of its loop.
+of a room it has not heard about. ``submit`` wakes the worker at once by pushing a one-frame ``WAKE``
+into its inbox's ``inproc://`` address — one per batch of commands, not per command — so a request
+never waits out the worker's idle sleep.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from .messages import RoomState
 
+WAKE = b"PDPAIR-LOCALAPI-WAKE"
 KEEP_STATES = 65536
 BOOTSTRAPPING = 1
 Push = Callable[[Sequence[RoomState]], None]
@@ -77,7 +78,7 @@ class EngineLink:
         self._wake: Callable[[], None] = _asleep
 
     def attach(self, wake: Callable[[], None]) -> None:
-        """Called by the worker: how ``submit`` wakes it (``Inbox.waker()``)."""
+        """Called by the worker: how ``submit`` wakes it (``Inbox.waker(WAKE)``)."""
         self._wake = wake
 
     def set_push(self, push: Push | None) -> None:
@@ -90,11 +91,6 @@ class EngineLink:
         if not self._wake_pending:
             self._wake_pending = True
             self._wake()
-
-    @property
-    def pending(self) -> bool:
-        """Commands wait for the worker (read on its thread; ``submit`` appends from others)."""
-        return bool(self._commands)
 
     def drain(self) -> list[Command]:
         self._wake_pending = False

@@ -28,27 +28,26 @@ from ..agent.decode import DecodeRoom, DecodeWorker
 from ..agent.prefill import DecodePeer, PrefillWorker
 from ..codec import KVPoll, TransferMetadata, encode_metadata
 from ..errors import PDPairError
-from .link import AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
+from .link import WAKE, AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
 
 log = logging.getLogger("pdpair.localapi")
 KEEP_FAILED = 4096
 
 
 class _LinkMixin:
-    """What both external workers share: the link, draining it every turn, no-op frees, detach."""
+    """What both external workers share: the link, the wake frame, no-op frees, detach."""
 
     link: EngineLink
 
     def attach_link(self) -> None:
         w: Any = self
-        self.link.attach(w.inbox.waker())
+        self.link.attach(w.inbox.waker(WAKE))
 
-    def poll_transfers(self) -> int:
-        """Every turn, the engine's requests first: a ``WAKE`` only ends the worker's wait (one that
-        is awake gets none), so the link is drained here, like the forward thread's filled rooms."""
-        if self.link.pending:
+    def dispatch(self, frames: list[bytes]) -> None:
+        if frames == [WAKE]:
             self.drain_link(time.monotonic())
-        return int(super().poll_transfers())  # type: ignore[misc]
+            return
+        super().dispatch(frames)  # type: ignore[misc]
 
     def release(self, src: Any) -> None:
         """The engine owns every item; the agent never frees one."""

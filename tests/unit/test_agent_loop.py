@@ -137,7 +137,7 @@ def test_the_transport_wakes_its_worker_from_another_thread():
 def test_an_engine_request_handed_to_an_awake_sidecar_worker_is_drained_in_its_next_turn():
     """The local API's connection thread submits to a worker that is awake: no ``WAKE`` frame goes out
     (``Waker``), so the worker must not depend on one — its next wait ends at once and its turn drains
-    the link (a request left queued would also keep every later one from waking the worker)."""
+    the link (``tick``; a request left queued would also keep every later one from waking it)."""
     import functools
 
     from dataplane.agent import AgentRuntime
@@ -156,12 +156,13 @@ def test_an_engine_request_handed_to_an_awake_sidecar_worker_is_drained_in_its_n
     try:
         assert worker.inbox.recv(0) is None
         link.submit(AbortCmd(7, "engine gave up"))
-        assert link.pending and not worker.inbox.sleeping
+        assert link._commands and not worker.inbox.sleeping
         start = time.monotonic()
         assert worker.inbox.recv(5.0) is None  # no frame was sent, and the wait did not block
         assert time.monotonic() - start < 1.0
         worker.poll_transfers()
-        assert not link.pending
+        worker.tick(time.monotonic())
+        assert not link._commands
     finally:
         worker.shutdown()
         rt.transport.close()
