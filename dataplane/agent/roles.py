@@ -47,7 +47,8 @@ log = logging.getLogger("pdpair.agent")
 IDLE_WAIT = 0.01
 PAUSE_MIN, PAUSE_MAX, TIGHT = 20e-6, 1e-3, 1e-3
 """Polling while transfers run: every ``PAUSE_MIN`` for ``TIGHT`` s after a message, then doubling."""
-DRAIN = 256
+TURN_MESSAGES = 257
+"""Most messages one turn of the loop handles (a role may take fewer: ``turn_messages``)."""
 PR_SET_TIMERSLACK = 29
 
 _ALONE = contextlib.nullcontext()
@@ -90,6 +91,7 @@ def refusal_reason_label(reason: str) -> str:
 
 class RoleWorker(abc.ABC):
     role = "agent"
+    turn_messages = TURN_MESSAGES
 
     def __init__(
         self,
@@ -154,7 +156,7 @@ class RoleWorker(abc.ABC):
         spin = self.cfg.transfer.spin_microseconds * 1e-6
         while not stop.is_set():
             first = self.inbox.recv(0 if running or spinning else self.idle_wait())
-            batch = [first, *self.inbox.drain(DRAIN)] if first else []
+            batch = [first, *self.inbox.drain(self.turn_messages - 1)] if first else []
             with self.together(len(batch)):
                 for frames in batch:
                     self.dispatch(frames)

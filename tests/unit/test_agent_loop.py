@@ -166,3 +166,58 @@ def test_an_engine_request_handed_to_an_awake_sidecar_worker_is_drained_in_its_n
     finally:
         worker.shutdown()
         rt.transport.close()
+
+
+def test_prefill_takes_a_burst_of_messages_a_few_per_turn():
+    """Decode's metadata arrives in bursts (one write per turn); prefill handles at most
+    ``turn_messages`` of them per turn, so its replies leave while the rest are still to do — and every
+    message is still handled."""
+    import zmq
+
+    from dataplane.agent import AgentRuntime
+    from dataplane.agent.launch import loopback_pair
+    from dataplane.codec import Heartbeat, encode_control
+    from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.transports import mori_double
+
+    (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
+    rt = AgentRuntime(p_cfg, transport_sdk=mori_double)
+    worker = rt.worker
+    limit = worker.turn_messages
+    assert 1 < limit < 10
+    turns: list[int] = []
+    together = worker.together
+
+    def recording(n: int):  # type: ignore[no-untyped-def]
+        if n:
+            turns.append(n)
+        return together(n)
+
+    worker.together = recording  # type: ignore[method-assign]
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://{p_cfg.listen.host}:{worker.inbox.port}")
+    stop = threading.Event()
+    try:
+        for seq in range(10):
+            push.send(encode_control(Heartbeat(agent_id="decode-x", seq=seq, time_ns=seq)))
+        for _ in range(500):  # the burst is queued on the inbox before the worker starts
+            if worker.inbox._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                break
+            time.sleep(0.001)
+        time.sleep(0.1)
+        worker.start(stop)
+        for _ in range(500):
+            if sum(turns) >= 10:
+                break
+            time.sleep(0.01)
+        assert sum(turns) == 10
+        assert max(turns) == limit and all(n <= limit for n in turns)
+    finally:
+        stop.set()
+        if worker.thread is not None:
+            worker.thread.join(5)
+        push.close()
+        worker.shutdown()
+        rt.transport.close()
