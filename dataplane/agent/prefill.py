@@ -88,9 +88,9 @@ class PrefillRoom:
 class PrefillWorker(RoleWorker):
     role = "prefill"
     turn_messages = 4
-    """A turn starts at most four rooms, and their statuses leave at its end. Taking decode's whole
-    burst of metadata in one turn sent one burst of statuses back, to which decode answered with the
-    next burst: the two workers took turns instead of overlapping (4 KiB rooms, eight in flight: a
+    """A turn handles at most four messages; their rooms' statuses leave at its end. Handling decode's
+    whole burst of metadata in one turn sent one burst of statuses back, to which decode answered with
+    the next burst: the two workers took turns instead of overlapping (4 KiB rooms, eight in flight: a
     room every ~200 µs = prefill's CPU per room + decode's). Smaller turns let decode refill while
     prefill works on, at the price of fewer small rooms per shared engine request."""
 
