@@ -5,9 +5,10 @@ allowed to touch the transport) ``drain``s commands on its loop and ``report``s 
 which are kept for ``Poll`` and pushed to the engine by ``flush``, once per turn of the worker's loop:
 one socket write for every state of that turn, the latest per room (states only move forward, so an
 engine never misses a terminal state). Bootstrapping is never pushed: it is what the client assumes
-of a room it has not heard about. ``submit`` wakes the worker at once by pushing a one-frame ``WAKE``
-into its inbox's ``inproc://`` address — one per batch of commands, not per command — so a request
-never waits out the worker's idle sleep.
+of a room it has not heard about. ``submit`` wakes the worker — once per batch of commands, not per
+command — through the inbox's ``control.Waker``: a one-frame ``WAKE`` into its ``inproc://`` address
+when the worker sleeps, so a request never waits out its idle sleep; an awake worker gets no frame and
+drains the link in its next turn (prefill's ``tick``, decode's ``generate`` drain every turn).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class DetachCmd:
 Command = SendCmd | ExpectCmd | AbortCmd | DetachCmd
 
 
-def _asleep() -> None:
+def _no_worker() -> None:
     """No worker attached yet: its first turn drains whatever was submitted."""
 
 
@@ -75,7 +76,7 @@ class EngineLink:
         self._lock = threading.Lock()
         self._push = push
         self._wake_pending = False
-        self._wake: Callable[[], None] = _asleep
+        self._wake: Callable[[], None] = _no_worker
 
     def attach(self, wake: Callable[[], None]) -> None:
         """Called by the worker: how ``submit`` wakes it (``Inbox.waker(WAKE)``)."""
@@ -85,7 +86,7 @@ class EngineLink:
         self._push = push
 
     def submit(self, cmd: Command) -> None:
-        """Queue ``cmd``; wake the worker unless a wake-up it has not yet acted on is in its inbox
+        """Queue ``cmd``; wake the worker unless a wake-up it has not yet acted on is pending
         (``drain`` clears the flag before taking the queue, so no command is left behind)."""
         self._commands.append(cmd)
         if not self._wake_pending:
