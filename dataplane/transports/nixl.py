@@ -77,6 +77,18 @@ def _new_agent(sdk: ModuleType, name: str, conf: Any, progress_delay_us: int) ->
             bind.nixlAgent = build
 
 
+def _thread_params(backend: str, threads: int) -> dict[str, str]:
+    """Backend parameters that hand every request to the backend's own ``threads`` threads.
+
+    NIXL's UCX backend splits a request across its dedicated threads only from ``split_batch_size``
+    descriptors (default 1024); a room's request has a few, so without it ``num_threads`` changes
+    nothing. With it the post returns once the thread has issued the writes, and UCX copies a host
+    write while that thread progresses its own worker: no Python thread waits on the copy."""
+    if backend != "UCX":
+        return {"num_threads": str(threads)}
+    return {"num_threads": str(threads), "split_batch_size": "1"}
+
+
 def _mapped(exc: Exception, what: str) -> TransferFailed:
     if type(exc).__name__ == "nixlRemoteDisconnectError":
         return PeerGone(f"nixl: {what}: peer disconnected ({exc})")
@@ -128,14 +140,18 @@ class NixlTransport(Transport):
                 os.environ[var] = value
         self._sdk = sdk or load_sdk()
         sync = getattr(self._sdk, "nixl_thread_sync_t", None)
-        extra = {"sync_mode": sync.NIXL_THREAD_SYNC_RW} if config.post_thread and sync is not None else {}
+        own_threads = config.num_threads > 0
+        post_thread = config.post_thread and not own_threads
+        extra = {"sync_mode": sync.NIXL_THREAD_SYNC_RW} if post_thread and sync is not None else {}
         threaded = bool(extra)
         conf = self._sdk.nixl_agent_config(
-            enable_listen_thread=False, backends=list(config.backends), num_threads=config.num_threads,
-            **extra,
+            enable_listen_thread=False, backends=[] if own_threads else list(config.backends), **extra,
         )
         try:
             self._agent = _new_agent(self._sdk, agent_name, conf, config.progress_delay_us)
+            if own_threads:
+                for backend in config.backends:
+                    self._agent.create_backend(backend, _thread_params(backend, config.num_threads))
         except Exception as exc:
             raise _mapped(exc, "create agent") from exc
         self._closed = False

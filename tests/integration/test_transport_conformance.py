@@ -50,7 +50,7 @@ def _buffers(seed: int) -> list[np.ndarray]:
 
 
 @contextmanager
-def nixl_pair(tls: str | None) -> Iterator[Pair]:
+def nixl_pair(tls: str | None, threads: int = 0) -> Iterator[Pair]:
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     name = f"peer-{uuid.uuid4().hex[:8]}"
@@ -76,7 +76,8 @@ def nixl_pair(tls: str | None) -> Iterator[Pair]:
         conn.send(("hello",))
         endpoint, blobs, _ = conn.recv()
         local = _buffers(1)
-        transport = NixlTransport(f"me-{name}", NixlConfig(ucx_tls=tls, ucx_net_devices="lo"))
+        config = NixlConfig(ucx_tls=tls, ucx_net_devices="lo", num_threads=threads)
+        transport = NixlTransport(f"me-{name}", config)
         transport.register([MemoryRegion(b.ctypes.data, b.nbytes) for b in local])
         yield Pair(
             transport, transport.connect(name, endpoint, blobs), local, read,
