@@ -30,6 +30,9 @@ def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
     for r in rows:
         assert r["agent_gbps"] > 0 and r["raw_engine_gbps"] > 0 and r["memcpy_gbps"] > 0
         assert r["ratio_agent_vs_raw"] == pytest.approx(r["agent_gbps"] / r["raw_engine_gbps"], rel=0.02)
+        threaded = r["raw_engine_threaded_gbps"]  # a second raw run, NIXL's own thread copying
+        assert threaded > 0
+        assert r["ratio_agent_vs_raw_threaded"] == pytest.approx(r["agent_gbps"] / threaded, rel=0.02)
         assert r["prefill_worker_cpu_us"] > 0 and r["prefill_cpu_us"] >= 0  # from /proc; None fails
         assert r["decode_worker_cpu_us"] > 0
 
