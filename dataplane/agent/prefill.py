@@ -240,8 +240,7 @@ class PrefillWorker(RoleWorker):
     def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
         """Register the room; fill its sources on the forward thread (verifying) or start at once."""
         key = (dp.address, md.room)
-        self.rooms.add(key, md.room, dp.label, self.timeout)
-        self.rooms.advance(key, KVPoll.WaitingForInput)
+        self.rooms.add(key, md.room, dp.label, self.timeout, state=KVPoll.WaitingForInput)
         if self.cfg.synthetic.verify:
             self.forward.submit((key, dp, md))
         else:

@@ -59,12 +59,17 @@ class RoomTable:
     def get(self, key: Hashable) -> Room | None:
         return self._rooms.get(key)
 
-    def add(self, key: Hashable, room: int, peer: str, timeout: float, data: Any = None) -> Room:
+    def add(
+        self, key: Hashable, room: int, peer: str, timeout: float, data: Any = None,
+        state: KVPoll = KVPoll.Bootstrapping,
+    ) -> Room:
+        """``state``: where the room starts (a live state), e.g. WaitingForInput for a room whose
+        request arrived with it: one step instead of ``advance`` just after (a Python call chain)."""
         if key in self._rooms:
             raise BadInput(f"room {room} for {peer} is already in progress")
         if len(self._rooms) >= self.capacity:
             raise BadInput(f"too many rooms in flight ({self.capacity}); room {room} refused")
-        entry = Room(key, room, peer, time.monotonic() + timeout, data=data)
+        entry = Room(key, room, peer, time.monotonic() + timeout, state, data=data)
         with self._lock:
             self._rooms[key] = entry
         return entry
@@ -80,7 +85,7 @@ class RoomTable:
         entry.state = new
         if new == KVPoll.Failed:
             entry.reason = reason or "failed"
-        if not entry.done:
+        if new not in TERMINAL:  # ``entry.done``, without a property call per state change
             return None
         entry.finished = time.monotonic()
         with self._lock:

@@ -102,8 +102,7 @@ class ExternalPrefillWorker(_LinkMixin, PrefillWorker):
 
     def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
         key = (dp.address, md.room)
-        self.rooms.add(key, md.room, dp.label, self.timeout)
-        self.rooms.advance(key, KVPoll.WaitingForInput)
+        self.rooms.add(key, md.room, dp.label, self.timeout, state=KVPoll.WaitingForInput)
         self.required_info[md.room] = md.required_dst_info_num
         sent = self.sends.get(md.room)
         if sent is not None:
