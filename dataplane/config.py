@@ -76,10 +76,10 @@ class NixlConfig(_Base, frozen=True):
     num_threads: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     """NIXL's own backend threads (``num_threads``, with every request handed to them: UCX's
     ``split_batch_size`` 1). A post then returns once the thread has issued the writes and the copy
-    runs there, without the GIL; ``post_thread`` is then off. On a 16-core host with eight rooms in
-    flight it lifted 1 MiB rooms by ~20% and cut prefill's worker CPU per room by ~25%, but slowed
-    the qwen3-next mix by ~25% (a post waits while the thread copies an earlier request) and lone
-    rooms (completion is polled, never signalled); 0 = off."""
+    runs there, without the GIL; ``post_thread`` is then off. On a 16-core host, eight rooms in
+    flight, 1 MiB rooms ran 21% faster in one call and 22% slower in another, the qwen3-next mix
+    25-40% slower (a post waits while the thread copies an earlier request) and lone rooms slower
+    (completion is polled, never signalled): off by default (0)."""
     post_thread: bool = True
     """Host memory: post writes (``postXferReq``) from a thread of their own. UCX copies a host write
     inside that call, so posted on the role worker the room's copy and the next rooms' control work
