@@ -84,9 +84,16 @@ def _thread_params(backend: str, threads: int) -> dict[str, str]:
     descriptors (default 1024); a room's request has a few, so without it ``num_threads`` changes
     nothing. With it the post returns once the thread has issued the writes, and UCX copies a host
     write while that thread progresses its own worker: no Python thread waits on the copy."""
-    if backend != "UCX":
-        return {"num_threads": str(threads)}
-    return {"num_threads": str(threads), "split_batch_size": "1"}
+    if backend == "UCX":
+        return {"num_threads": str(threads), "split_batch_size": "1"}
+    key = _THREAD_PARAM.get(backend)
+    return {key: str(threads)} if key is not None else {}
+
+
+_THREAD_PARAM = {
+    "OBJ": "num_threads", "LIBFABRIC": "num_threads", "GDS_MT": "thread_count", "UCCL": "num_cpus",
+}
+"""Each other backend's name for its thread count, as NIXL's own ``nixl_agent`` passes it."""
 
 
 def _mapped(exc: Exception, what: str) -> TransferFailed:

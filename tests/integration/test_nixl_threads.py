@@ -26,7 +26,8 @@ def span(region: int, at: int, n: int) -> Writes:
 
 def test_a_request_of_a_few_descriptors_is_handed_to_the_backend_threads() -> None:
     assert _thread_params("UCX", 2) == {"num_threads": "2", "split_batch_size": "1"}
-    assert _thread_params("OBJ", 2) == {"num_threads": "2"}
+    assert _thread_params("GDS_MT", 2) == {"thread_count": "2"}
+    assert _thread_params("POSIX", 2) == {}
 
 
 def test_writes_of_every_size_land_through_the_backend_thread_with_no_posting_thread() -> None:
