@@ -55,7 +55,7 @@ def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = 
         return MoriTransport(engine_name, cfg.listen.host, cfg.transfer.mori, sdk=sdk)
     from ..transports.nixl import NixlTransport
 
-    nixl = cfg.transfer.nixl
+    nixl = cfg.transfer.nixl.for_role(cfg.role, cfg.transfer.device)
     if cfg.transfer.device == "cuda":  # VRAM copies run on the GPU: no posting thread, no shared agent
         nixl = msgspec.structs.replace(nixl, post_thread=False)
     return NixlTransport(engine_name, nixl, sdk=sdk)

@@ -188,7 +188,7 @@ def _target(cfg: Any, conn: Any) -> None:
     """The raw engine's passive side: register the decode layout, hand out its blobs, wait."""
     _quiet_nixl()
     pools = MemoryPools.allocate(schema_from_config(as_role(cfg, "decode")), prefault=True)
-    transport = NixlTransport("bench-raw-target", cfg.transfer.nixl)
+    transport = NixlTransport("bench-raw-target", cfg.transfer.nixl.for_role("decode"))
     blobs = transport.register(pools.memory_regions())
     conn.send((transport.endpoint(), blobs))
     conn.recv()
@@ -204,7 +204,7 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str
     try:
         endpoint, blobs = here.recv()
         pools = MemoryPools.allocate(schema_from_config(cfg), prefault=True)
-        bare = msgspec.structs.replace(cfg.transfer.nixl, post_thread=False)
+        bare = msgspec.structs.replace(cfg.transfer.nixl.for_role("prefill"), post_thread=False)
         with NixlTransport("bench-raw-initiator", bare) as transport:
             transport.register(pools.memory_regions())
             peer = transport.connect("target", endpoint, blobs)

@@ -152,7 +152,8 @@ class NixlTransport(Transport):
         extra = {"sync_mode": sync.NIXL_THREAD_SYNC_RW} if post_thread and sync is not None else {}
         threaded = bool(extra)
         conf = self._sdk.nixl_agent_config(
-            enable_listen_thread=False, backends=[] if own_threads else list(config.backends), **extra,
+            enable_listen_thread=False, backends=[] if own_threads else list(config.backends),
+            enable_prog_thread=config.progress_thread is not False, **extra,
         )
         try:
             self._agent = _new_agent(self._sdk, agent_name, conf, config.progress_delay_us)

@@ -76,7 +76,8 @@ def nixl_pair(tls: str | None, threads: int = 0) -> Iterator[Pair]:
         conn.send(("hello",))
         endpoint, blobs, _ = conn.recv()
         local = _buffers(1)
-        config = NixlConfig(ucx_tls=tls, ucx_net_devices="lo", num_threads=threads)
+        # this process only initiates writes: configured as prefill is (no NIXL progress thread)
+        config = NixlConfig(ucx_tls=tls, ucx_net_devices="lo", num_threads=threads).for_role("prefill")
         transport = NixlTransport(f"me-{name}", config)
         transport.register([MemoryRegion(b.ctypes.data, b.nbytes) for b in local])
         yield Pair(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.config import AgentConfig, dump_config, parse_config
+from dataplane.config import AgentConfig, NixlConfig, dump_config, parse_config
 from dataplane.errors import BadInput
 
 
@@ -47,3 +47,14 @@ def test_bad_config_names_the_field(text: bytes, message: str) -> None:
 def test_tp_size_follows_the_role() -> None:
     cfg = parse_config(b"role: decode\nprefill: {tpSize: 1}\ndecode: {tpSize: 2}")
     assert cfg.tp_size == 2
+
+
+def test_nixl_progress_thread_unset_is_off_for_a_host_prefill_only_and_a_set_value_stays() -> None:
+    unset = NixlConfig()
+    assert unset.progress_thread is None
+    assert unset.for_role("prefill").progress_thread is False
+    assert unset.for_role("decode").progress_thread is True
+    assert unset.for_role("prefill", "cuda").progress_thread is True  # GPU pools: not measured without
+    for value in (True, False):
+        assert NixlConfig(progress_thread=value).for_role("prefill").progress_thread is value
+        assert NixlConfig(progress_thread=value).for_role("decode").progress_thread is value
