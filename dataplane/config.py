@@ -89,13 +89,13 @@ class NixlConfig(_Base, frozen=True):
     (``transfer.device: cuda``), whose copies run on the GPU."""
     progress_thread: bool | None = None
     """NIXL's UCX progress thread. Unset: off on prefill with host memory, on elsewhere (``for_role``;
-    GPU pools were not measured without it). Prefill only initiates writes,
-    and its worker and posting thread progress them when they post and poll; the thread there only
-    took UCX's worker lock from under them (py-spy: the posting thread spun 7-8% of its time on that
-    lock). Off, on a 16-core host with eight rooms in flight (two alternating rounds): prefill's
-    worker CPU per 1 MiB room 249 / 232 against 309 / 293 µs, 1 MiB rooms 6.4 / 7.5 against 6.6 / 5.7
-    GB/s, the qwen3-next mix 4.6 / 5.0 against 4.2 / 3.5. Decode (the target) keeps it: it must answer
-    UCX's wire-up and, over TCP, receive the writes."""
+    GPU pools were not measured without it). Prefill only initiates writes, and its worker and
+    posting thread progress them when they post and poll; the thread there only took UCX's worker
+    lock from under them (py-spy: the posting thread spun 7-8% of its time on that lock). Off, on a
+    16-core host with eight rooms in flight (two alternating rounds): prefill's worker CPU per 1 MiB
+    room 249 / 232 against 309 / 293 µs, 1 MiB rooms 6.4 / 7.5 against 6.6 / 5.7 GB/s, the qwen3-next
+    mix 4.6 / 5.0 against 4.2 / 3.5. Decode (the target) keeps it: it must answer UCX's wire-up and,
+    over TCP, receive the writes."""
     progress_delay_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 100
     """The UCX progress thread's sleep between event checks; 0 = NIXL's Python default, a busy spin
     that keeps one core per agent at 100% even when idle."""
