@@ -299,8 +299,7 @@ class PrefillWorker(RoleWorker):
             if len(plan) == 0:
                 return  # every component staged
         requests = transfer_requests(plan, self.transport.one_request_rows)
-        # the parts' bytes: ``Writes.nbytes`` would sum the sizes again, in numpy, for every room
-        small = len(requests) == 1 and sum([nbytes for _, nbytes, _ in requests[0][0]]) <= self.coalesce_bytes
+        small = len(requests) == 1 and requests[0][1].nbytes <= self.coalesce_bytes
         if self._coalescing is not None and small:
             self._coalescing.setdefault(dp.address, []).append((room, *requests[0], time.perf_counter()))
             return  # posted with the other rooms of this turn when ``coalesced`` ends
