@@ -87,6 +87,11 @@ class NixlConfig(_Base, frozen=True):
     the copy). Only batches over 256 KiB posted while another transfer is running go there: a room
     alone in flight gains nothing from the hand-off. Off for agents whose pools are on the GPU
     (``transfer.device: cuda``), whose copies run on the GPU."""
+    native_poster: bool = True
+    """With ``post_thread``: the posting thread is native (``transports/native``, built with the host's
+    C++ compiler on first use): it posts, polls and signals finished transfers without the GIL, and
+    the role worker sleeps until it signals instead of polling. Falls back to the Python posting
+    thread, with a warning saying why, where it cannot be built or loaded."""
     progress_thread: bool | None = None
     """NIXL's UCX progress thread. Unset: off on prefill with host memory, on elsewhere (``for_role``;
     GPU pools were not measured without it). Prefill only initiates writes, and its worker and

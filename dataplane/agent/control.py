@@ -79,6 +79,12 @@ class Inbox:
         """The worker is in (or about to enter) a blocking wait: a hand-off must send ``WAKE``."""
         self.handed_over = False
         """A helper handed work over since the worker's turn began (``recv`` clears it)."""
+        self._watched: int | None = None
+
+    def watch(self, fd: int) -> None:
+        """Also end waits when ``fd`` turns readable (a transport's ``wake_fd``; the worker clears it)."""
+        self._watched = fd
+        self._poller.register(fd, zmq.POLLIN)
 
     def recv(self, timeout: float) -> list[bytes] | None:
         """One multipart message, or None after ``timeout`` seconds (rounded up to whole ms: zmq
@@ -103,20 +109,24 @@ class Inbox:
         if self.lanes is None:
             if not self._poller.poll(max(0, math.ceil(timeout * 1000))):
                 return None
-            return self._sock.recv_multipart(copy=True)
+            with contextlib.suppress(zmq.Again):  # the watched descriptor alone ends the wait too
+                return self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            return None
         deadline = time.monotonic() + timeout
         for _ in range(1000):  # lane traffic that is not yet a whole message (a hello, a partial read)
             self._sync_lanes(self.lanes)
             events = self._poller.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000)))
             ready = {fd for fd, _ in events if isinstance(fd, int)}
+            woken = self._watched in ready
+            ready.discard(self._watched)
             if ready or self.lanes.waiting():
                 self._queued.extend(self.lanes.service(ready))  # connects and hellos time out here too
-            if len(ready) < len(events):  # the ZMQ socket has a message (zmq_poll is level-triggered)
+            if len(ready) + woken < len(events):  # the ZMQ socket has a message (level-triggered)
                 with contextlib.suppress(zmq.Again):
                     return self._sock.recv_multipart(flags=zmq.NOBLOCK)
             if self._queued:
                 return self._queued.popleft()
-            if not events or time.monotonic() >= deadline:
+            if woken or not events or time.monotonic() >= deadline:
                 return None
         return None
 
@@ -150,6 +160,8 @@ class Inbox:
 
     def _block(self, timeout: float) -> None:
         reads = [self._fd, *self.lanes.fds()] if self.lanes is not None else [self._fd]
+        if self._watched is not None:
+            reads.append(self._watched)
         writes = self.lanes.wants_write() if self.lanes is not None else []
         if max(reads) < FD_SETSIZE:
             select.select(reads, writes, [], timeout)

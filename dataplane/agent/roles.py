@@ -122,6 +122,8 @@ class RoleWorker(abc.ABC):
         lanes = Lanes(cfg.listen.host, cfg.listen.lane_port, MAX_MESSAGE) if cfg.listen.lanes else None
         self.inbox = Inbox(ctx, cfg.listen.host, cfg.listen.control_port, lanes)
         transport.waker = self.inbox.waker()
+        if transport.wake_fd is not None:
+            self.inbox.watch(transport.wake_fd)
         self.pushers = Pushers(ctx, lanes)
         self.lanes = lanes
         self.rooms = RoomTable()
@@ -160,6 +162,7 @@ class RoleWorker(abc.ABC):
             with self.together(len(batch)):
                 for frames in batch:
                     self.dispatch(frames)
+            self.transport.collect()
             running = self.poll_transfers()
             now = time.monotonic()
             if first:

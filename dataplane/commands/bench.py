@@ -56,6 +56,10 @@ def register(subparsers: Any) -> None:
         help="the agent posts host writes in line (NixlConfig.postThread off); the raw engine always does",
     )
     t.add_argument(
+        "--no-native-poster", action="store_true",
+        help="the agent's posting thread is Python's (NixlConfig.nativePoster off)",
+    )
+    t.add_argument(
         "--no-lanes", action="store_true",
         help="the agents' control frames over ZMQ only (listen.lanes off), as with sglang peers",
     )
@@ -162,7 +166,10 @@ def run(args: argparse.Namespace) -> int:
     from ..config import NixlConfig
 
     threads = args.nixl_threads
-    nixl = NixlConfig(ucx_tls=args.ucx_tls, num_threads=threads, post_thread=not args.no_post_thread)
+    nixl = NixlConfig(
+        ucx_tls=args.ucx_tls, num_threads=threads, post_thread=not args.no_post_thread,
+        native_poster=not args.no_native_poster,
+    )
     cases = []
     for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
         requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))

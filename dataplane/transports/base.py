@@ -211,8 +211,9 @@ class Transfer:
     """How many users share this transfer (rooms one engine request carries together): ``release``
     aborts it only when the last lets go."""
     wakes: bool = False
-    """While true, the adapter calls the transport's ``waker`` once this transfer's state may have
-    changed: the caller need not poll it until then (its copy is queued on an engine thread)."""
+    """While true, the adapter calls the transport's ``waker`` (or makes ``wake_fd`` readable) once
+    this transfer's state may have changed: the caller need not poll it until then (its copy is
+    queued on an engine thread)."""
 
     def fail(self, error: TransferFailed) -> TransferState:
         self.state, self.error = TransferState.FAILED, error
@@ -225,6 +226,16 @@ class Transport(ABC):
     waker: Callable[[], None] | None = None
     """Set by the driving thread: how an adapter's own thread tells it "poll again" (any thread may
     call it). Adapters that never set ``Transfer.wakes`` ignore it."""
+
+    @property
+    def wake_fd(self) -> int | None:
+        """A descriptor that turns readable when a transfer with ``wakes`` set may have changed state;
+        the driving thread waits on it beside its sockets and calls ``collect`` each turn."""
+        return None
+
+    def collect(self) -> None:  # noqa: B027 - optional: adapters without an own signalling thread
+        """Take in what the engine's own thread signalled (clears ``wake_fd``): a ``wakes`` transfer
+        it reported becomes worth a ``poll``."""
 
     name: ClassVar[str]
     one_request_rows: ClassVar[int] = 128

@@ -13,6 +13,8 @@ msgspec: NIXL's ``get_serialized_descs`` / ``deserialize_descs`` use pickle and 
 from __future__ import annotations
 
 import importlib
+import itertools
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -27,7 +29,10 @@ from ..config import NixlConfig
 from ..errors import PDPairError, PeerGone, TransferFailed, WireFormatError
 from . import blocks
 from .base import SMALL, MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
+from .native import NativePoster, NativeUnavailable
 from .posting import Poster
+
+log = logging.getLogger("pdpair.transports.nixl")
 
 SDK_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl._api")
 MemType = Literal["DRAM", "VRAM"]
@@ -102,6 +107,16 @@ def _mapped(exc: Exception, what: str) -> TransferFailed:
     return TransferFailed(f"nixl: {what}: {type(exc).__name__}: {exc}")
 
 
+REMOTE_DISCONNECT = -10
+"""NIXL's ``NIXL_ERR_REMOTE_DISCONNECT`` (``nixl_types.h``), as the native poster reports it."""
+
+
+def _native_failure(status: int, what: str) -> TransferFailed:
+    if status == REMOTE_DISCONNECT:
+        return PeerGone(f"nixl: {what}: peer disconnected")
+    return TransferFailed(f"nixl: {what} failed (NIXL status {status})")
+
+
 @dataclass(eq=False)
 class NixlPeer(Peer):
     agent_name: str = ""
@@ -126,6 +141,10 @@ class NixlTransfer(Transfer):
     post_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held by the posting thread while it posts one of this transfer's handles, and by ``abort``:
     a handle is never released while being posted, nor posted once released."""
+    token: int = 0
+    """Its id on the native poster (0: not handed to it); ``wakes`` is true until it is reported."""
+    native_status: int = 1
+    """What the native poster reported: 0 done, negative a NIXL error (1: not yet)."""
 
 
 class NixlTransport(Transport):
@@ -172,6 +191,13 @@ class NixlTransport(Transport):
         self._peers: list[NixlPeer] = []
         self._threaded = threaded
         self._poster: Poster | None = None
+        self._native: NativePoster | None = None
+        self._native_wanted = config.native_poster
+        self._native_live: dict[int, NixlTransfer] = {}
+        self._tokens = itertools.count(1)
+        self._leaked: list[Any] = []
+        """Handles the native poster was still inside NIXL with when cancelled: released at close."""
+        self._efd: int | None = None
         self._running = 0
 
     def endpoint(self) -> bytes:
@@ -189,8 +215,34 @@ class NixlTransport(Transport):
         self._table = self._descs.tolist()
         self._mem = mem
         if self._threaded and set(mem) == {"DRAM"}:
-            self._poster = Poster(self._post_one, self._posted)
+            self._start_poster()
         return [_encode.encode((r.addr, r.size, r.device_id, m)) for r, m in zip(regions, mem, strict=True)]
+
+    def _start_poster(self) -> None:
+        """The native posting thread when it loads here, else the Python one (the reason logged)."""
+        if self._native_wanted:
+            efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            try:
+                self._native = NativePoster(self._agent.agent, efd)
+                self._efd = efd
+                return
+            except (NativeUnavailable, OSError) as exc:
+                os.close(efd)
+                log.warning("nixl: native poster unavailable, posting from a Python thread: %s", exc)
+        self._poster = Poster(self._post_one, self._posted)
+
+    @property
+    def wake_fd(self) -> int | None:
+        return self._efd
+
+    def collect(self) -> None:
+        native = self._native
+        if native is None or not self._native_live:
+            return
+        for token, status in native.take():
+            transfer = self._native_live.pop(token, None)
+            if transfer is not None:
+                transfer.native_status, transfer.wakes = status, False
 
     def connect(self, peer_id: str, endpoint: bytes, remote_regions: Sequence[bytes]) -> NixlPeer:
         try:
@@ -217,6 +269,8 @@ class NixlTransport(Transport):
     def _release(self, peer: NixlPeer) -> None:
         if self._poster is not None:
             self._poster.drain()  # nothing of this peer's may still be posting from its prepared lists
+        for transfer in [t for t in self._native_live.values() if t.peer is peer]:
+            self.abort(transfer)
         errors = [self._quietly(h.release) for h in peer.prepped.values()]
         peer.prepped.clear()
         errors.append(self._quietly(self._agent.remove_remote_agent, peer.agent_name))
@@ -231,7 +285,11 @@ class NixlTransport(Transport):
         try:
             parts = self._by_memory(peer, writes)
             transfer.handles = [self._prepare(peer, w, lm, rm) for w, lm, rm in parts]
-            if poster is not None:
+            if poster is self._native and poster is not None:
+                transfer.token, transfer.wakes = next(self._tokens), True
+                self._native_live[transfer.token] = transfer
+                poster.submit(transfer.token, [h._handle for h in transfer.handles])
+            elif isinstance(poster, Poster):
                 transfer.wakes = self.waker is not None
                 poster.submit(transfer)
             else:
@@ -245,16 +303,17 @@ class NixlTransport(Transport):
             raise _mapped(exc, f"write to {peer.peer_id!r}") from exc
         return transfer
 
-    def _poster_for(self, writes: Writes, overlap: bool) -> Poster | None:
+    def _poster_for(self, writes: Writes, overlap: bool) -> Poster | NativePoster | None:
         """The posting thread, when this copy should run there. Only with other work to overlap it
         with (another transfer running, or the caller's word): alone (one room at a time) the worker
         would wait for it anyway and the hand-off only adds latency. A small copy goes there only
         while the thread is awake with work queued anyway (no wake-up to pay): with rooms in flight,
         a room's small component requests would otherwise cost the worker their copies."""
-        poster = self._poster
+        poster: Poster | NativePoster | None = self._native or self._poster
         if poster is None or not (overlap or self._running):
             return None
-        return poster if writes.nbytes > self.post_inline_bytes or poster.backlog else None
+        backlog = len(self._native_live) if poster is self._native else self._poster and self._poster.backlog
+        return poster if writes.nbytes > self.post_inline_bytes or backlog else None
 
     def _by_memory(self, peer: NixlPeer, writes: Writes) -> list[tuple[Writes, MemType, MemType]]:
         """The batch cut by (local, remote) memory kind: one NIXL request per pair. Both sides of one
@@ -315,6 +374,8 @@ class NixlTransport(Transport):
         assert isinstance(transfer, NixlTransfer)
         if transfer.state is not TransferState.IN_PROGRESS or transfer.unposted:
             return transfer.state
+        if transfer.token:
+            return self._poll_native(transfer)
         if transfer.post_error is not None:
             self.abort(transfer)
             return transfer.fail(transfer.post_error)
@@ -331,8 +392,30 @@ class NixlTransport(Transport):
             transfer.state = TransferState.DONE
         return transfer.state
 
+    def _poll_native(self, transfer: NixlTransfer) -> TransferState:
+        if transfer.wakes:
+            self.collect()
+            if transfer.wakes:
+                return transfer.state
+        status = transfer.native_status
+        self.abort(transfer)
+        if status == 0:
+            transfer.state = TransferState.DONE
+            return transfer.state
+        return transfer.fail(_native_failure(status, f"write to {transfer.peer.peer_id!r}"))
+
     def abort(self, transfer: Transfer) -> None:
         assert isinstance(transfer, NixlTransfer)
+        if self._native_live.pop(transfer.token, None) is not None:
+            assert self._native is not None
+            transfer.wakes = False
+            if not self._native.cancel(transfer.token):
+                log.warning(
+                    "nixl: a cancelled write to %r is stuck in NIXL; its handles are kept until close",
+                    transfer.peer.peer_id,
+                )
+                self._leaked += transfer.handles
+                transfer.handles = []
         with transfer.post_lock:  # waits out a post of this transfer's in progress on the posting thread
             transfer.cancelled = True
             handles, transfer.handles = transfer.handles, []
@@ -352,6 +435,14 @@ class NixlTransport(Transport):
         if self._poster is not None:
             self._poster.close()
             self._poster = None
+        if self._native is not None:
+            for transfer in list(self._native_live.values()):
+                self.abort(transfer)
+            if self._native.close():
+                for handle in self._leaked:
+                    self._quietly(handle.release)
+            self._native = None
+        self._leaked.clear()
         for peer in list(self._peers):
             self._quietly(self.disconnect, peer)
         for handle in self._local_prepped.values():
@@ -360,6 +451,9 @@ class NixlTransport(Transport):
         for reg in self._reg:
             self._quietly(self._agent.deregister_memory, reg)
         self._reg.clear()
+        if self._efd is not None:
+            os.close(self._efd)
+            self._efd = None
 
     @staticmethod
     def _quietly(fn: Any, *args: Any) -> Exception | None:

@@ -1,6 +1,7 @@
-"""NIXL's posting thread (``NixlConfig.postThread``): host writes over 256 KiB posted while another
-transfer runs go through it, land byte for byte, and a transfer aborted while still queued is never
-posted. Real bytes between this process and a spawned peer (``test_transport_conformance.nixl_pair``)."""
+"""NIXL's Python posting thread (``NixlConfig.postThread`` where ``nativePoster`` is off or cannot
+load): host writes over 256 KiB posted while another transfer runs go through it, land byte for byte,
+and a transfer aborted while still queued is never posted. Real bytes between this process and a
+spawned peer (``test_transport_conformance.nixl_pair``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def one(offset: int, size: int) -> Writes:
 
 
 def test_writes_queued_behind_a_running_one_go_through_the_thread_and_land() -> None:
-    with nixl_pair(None) as pair:
+    with nixl_pair(None, native=False) as pair:
         t = pair.transport
         assert isinstance(t, NixlTransport) and t._poster is not None
         transfers = [t.write(pair.peer, one(i * 2 * MIB, 2 * MIB)) for i in range(12)]
@@ -41,7 +42,7 @@ def test_the_callers_overlap_word_sends_a_lone_large_write_through_the_thread() 
     """Host writes complete inside their post, so a worker that polls each room's transfer before
     reading the next room never has one running: its ``overlap=True`` (other rooms wait) must be
     enough. Without it a lone write, and with it a small one, is posted in line."""
-    with nixl_pair(None) as pair:
+    with nixl_pair(None, native=False) as pair:
         t = pair.transport
         assert isinstance(t, NixlTransport) and t._poster is not None
         deadline = time.monotonic() + 30
@@ -62,7 +63,7 @@ def test_the_callers_overlap_word_sends_a_lone_large_write_through_the_thread() 
 def test_small_writes_join_a_thread_that_has_work_and_each_handed_over_transfer_wakes_once() -> None:
     """A small write goes through the thread only while it has work queued (no wake-up to pay); a
     transfer handed over is marked ``wakes`` until posted, then the transport's ``waker`` runs."""
-    with nixl_pair(None) as pair:
+    with nixl_pair(None, native=False) as pair:
         t = pair.transport
         assert isinstance(t, NixlTransport) and t._poster is not None
         woken: list[int] = []
@@ -88,7 +89,7 @@ def test_small_writes_join_a_thread_that_has_work_and_each_handed_over_transfer_
 
 
 def test_a_transfer_aborted_while_queued_is_never_posted() -> None:
-    with nixl_pair(None) as pair:
+    with nixl_pair(None, native=False) as pair:
         t = pair.transport
         assert isinstance(t, NixlTransport) and t._poster is not None
         pair.reset()
@@ -114,7 +115,7 @@ def test_a_transfer_aborted_while_queued_is_never_posted() -> None:
 def test_writes_queued_to_a_frozen_peer_hit_their_deadline_and_the_transport_recovers() -> None:
     """Over TCP a SIGSTOPped peer never completes a write: the queued ones fail at their deadline, are
     aborted, the peer can be disconnected (the thread is drained) and a thawed peer is written again."""
-    with nixl_pair("tcp") as pair:
+    with nixl_pair("tcp", native=False) as pair:
         t = pair.transport
         assert isinstance(t, NixlTransport) and t._poster is not None
         t.wait(t.write(pair.peer, one(0, 4096)), time.monotonic() + 30)  # connection up

@@ -50,7 +50,7 @@ def _buffers(seed: int) -> list[np.ndarray]:
 
 
 @contextmanager
-def nixl_pair(tls: str | None, threads: int = 0) -> Iterator[Pair]:
+def nixl_pair(tls: str | None, threads: int = 0, native: bool = True) -> Iterator[Pair]:
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     name = f"peer-{uuid.uuid4().hex[:8]}"
@@ -77,7 +77,9 @@ def nixl_pair(tls: str | None, threads: int = 0) -> Iterator[Pair]:
         endpoint, blobs, _ = conn.recv()
         local = _buffers(1)
         # this process only initiates writes: configured as prefill is (no NIXL progress thread)
-        config = NixlConfig(ucx_tls=tls, ucx_net_devices="lo", num_threads=threads).for_role("prefill")
+        config = NixlConfig(
+            ucx_tls=tls, ucx_net_devices="lo", num_threads=threads, native_poster=native
+        ).for_role("prefill")
         transport = NixlTransport(f"me-{name}", config)
         transport.register([MemoryRegion(b.ctypes.data, b.nbytes) for b in local])
         yield Pair(

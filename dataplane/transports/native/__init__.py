@@ -1,0 +1,182 @@
+"""The native posting thread for NIXL (``nixl_poster.cpp``): built on first use, loaded with ctypes.
+
+Why native: UCX copies a host write inside NIXL's ``postXferReq``, and from a Python thread each copy
+must take the GIL back afterwards (py-spy on a 16-core host: 14-15% of the posting thread's time),
+while the role worker polls every running transfer. This thread posts, polls and signals finished
+transfers through an eventfd without the GIL; the worker sleeps until it fires.
+
+The library has no link-time dependency on NIXL or Python: ``nixl_entry_points`` hands it the NIXL
+agent's C++ pointer (from the pybind11 object NIXL's Python API holds) and the addresses of
+``nixlAgent::postXferReq`` and ``getXferStatus`` in the ``libnixl.so`` the bindings loaded. Both are
+checked first (pybind11's holder and value pointers must agree; both symbols must exist) and the
+adapter falls back to the Python posting thread when anything is missing — no compiler, another
+NIXL build — with the reason in its log.
+
+Where the library goes: ``$PDPAIR_NATIVE_DIR``, else ``_build/`` beside the source when writable (the
+image builds it there: ``python -m dataplane.transports.native``), else ``~/.cache/pdpair``; its name
+carries the source's hash, so an edited source is rebuilt.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).with_name("nixl_poster.cpp")
+FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-pthread")
+POST_SYMBOL = "_ZNK9nixlAgent11postXferReqEP12nixlXferReqHPK21nixlAgentOptionalArgs"
+STATUS_SYMBOL = "_ZNK9nixlAgent13getXferStatusEP12nixlXferReqH"
+
+
+class NativeUnavailable(Exception):
+    """The native poster cannot be used here; the message says why."""
+
+
+def _name() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    return f"libpdpair_nixl_poster-{digest}.so"
+
+
+def _dirs() -> list[Path]:
+    env = os.environ.get("PDPAIR_NATIVE_DIR")
+    if env:
+        return [Path(env)]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdpair"
+    return [SOURCE.parent / "_build", cache]
+
+
+def build(into: Path | None = None) -> Path:
+    """Compile the library (once per source version) and return its path."""
+    name = _name()
+    candidates = [into] if into is not None else _dirs()
+    for folder in candidates:
+        if (folder / name).is_file():
+            return folder / name
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise NativeUnavailable("no C++ compiler (g++ or c++) to build the native poster")
+    errors = []
+    for folder in candidates:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+            os.close(fd)
+        except OSError as exc:
+            errors.append(f"{folder}: {exc}")
+            continue
+        try:
+            try:
+                run = subprocess.run(
+                    [compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise NativeUnavailable(f"building the native poster with {compiler}: {exc}") from exc
+            if run.returncode != 0:
+                raise NativeUnavailable(f"building the native poster failed: {run.stderr.strip()[-2000:]}")
+            os.replace(tmp, folder / name)  # atomic: a concurrent build of the same source is identical
+            return folder / name
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise NativeUnavailable(f"no writable folder for the native poster: {'; '.join(errors)}")
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build()))
+    vp, u64, i32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
+    lib.pdpair_poster_open.argtypes = [vp, vp, vp, i32, ctypes.c_long]
+    lib.pdpair_poster_open.restype = vp
+    lib.pdpair_poster_submit.argtypes = [vp, u64, ctypes.POINTER(vp), i32]
+    lib.pdpair_poster_submit.restype = None
+    lib.pdpair_poster_take.argtypes = [vp, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int32), i32]
+    lib.pdpair_poster_take.restype = i32
+    lib.pdpair_poster_cancel.argtypes = [vp, u64, i32]
+    lib.pdpair_poster_cancel.restype = i32
+    lib.pdpair_poster_close.argtypes = [vp, i32]
+    lib.pdpair_poster_close.restype = i32
+    return lib
+
+
+def nixl_entry_points(binding_agent: Any) -> tuple[int, int, int]:
+    """(agent pointer, postXferReq, getXferStatus) for the pybind11 ``nixlAgent`` NIXL's API holds.
+
+    A pybind11 object of a class bound with its default holder (``std::unique_ptr``) keeps the C++
+    pointer right after the object header and the holder, holding the same pointer, right after it;
+    anything else there means another binding layout, and the native poster is not used."""
+    base = id(binding_agent) + object.__basicsize__
+    value = ctypes.c_void_p.from_address(base).value
+    holder = ctypes.c_void_p.from_address(base + ctypes.sizeof(ctypes.c_void_p)).value
+    if not value or value != holder:
+        raise NativeUnavailable("the NIXL bindings' agent object has an unexpected layout")
+    path = _loaded("libnixl.so")
+    lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    try:
+        post, status = getattr(lib, POST_SYMBOL), getattr(lib, STATUS_SYMBOL)
+    except AttributeError as exc:
+        raise NativeUnavailable(f"{path} lacks nixlAgent's postXferReq or getXferStatus: {exc}") from exc
+    addr = ctypes.cast(post, ctypes.c_void_p).value, ctypes.cast(status, ctypes.c_void_p).value
+    assert addr[0] and addr[1]
+    return value, addr[0], addr[1]
+
+
+def _loaded(name: str) -> str:
+    """The path of a shared library this process has loaded (NIXL's wheels keep it in a private
+    folder and load it from their bindings)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(maxsplit=5)[-1]
+            if path.endswith("/" + name):
+                return path
+    raise NativeUnavailable(f"{name} is not loaded in this process")
+
+
+class NativePoster:
+    """One native thread that posts queued transfers in order and reports the finished ones.
+
+    ``efd`` (an eventfd, non-blocking) becomes readable when finished transfers wait in ``take``."""
+
+    TAKE = 64
+
+    def __init__(self, binding_agent: Any, efd: int, max_pause_us: int = 200):
+        self._lib = library()
+        agent, post, status = nixl_entry_points(binding_agent)
+        self._q = self._lib.pdpair_poster_open(agent, post, status, efd, max_pause_us)
+        self._tokens = (ctypes.c_uint64 * self.TAKE)()
+        self._statuses = (ctypes.c_int32 * self.TAKE)()
+        self.posted = 0
+        """Transfers submitted so far."""
+
+    def submit(self, token: int, handles: list[int]) -> None:
+        self.posted += 1
+        n = len(handles)
+        self._lib.pdpair_poster_submit(self._q, token, (ctypes.c_void_p * n)(*handles), n)
+
+    def take(self) -> list[tuple[int, int]]:
+        """Finished transfers: (token, 0 = done, or NIXL's negative status)."""
+        out: list[tuple[int, int]] = []
+        while True:
+            n = self._lib.pdpair_poster_take(self._q, self._tokens, self._statuses, self.TAKE)
+            out += zip(self._tokens[:n], self._statuses[:n], strict=True)
+            if n < self.TAKE:
+                return out
+
+    def cancel(self, token: int, wait_ms: int = 2000) -> bool:
+        """Stop touching a transfer: True when its handles are the caller's to release, False when the
+        thread was still inside NIXL with it after ``wait_ms`` (they must then be left, not released)."""
+        return self._lib.pdpair_poster_cancel(self._q, token, wait_ms) >= 0
+
+    def close(self, wait_ms: int = 10_000) -> bool:
+        """Stop the thread; False when it was stuck inside NIXL (it is left running, detached)."""
+        q, self._q = self._q, None
+        return q is None or self._lib.pdpair_poster_close(q, wait_ms) == 0
+
+
+__all__ = ["NativePoster", "NativeUnavailable", "build", "library", "nixl_entry_points"]
