@@ -81,6 +81,9 @@ def build(into: Path | None = None) -> Path:
             if run.returncode != 0:
                 raise NativeUnavailable(f"building the native poster failed: {run.stderr.strip()[-2000:]}")
             os.replace(tmp, folder / name)  # atomic: a concurrent build of the same source is identical
+            for stale in folder.glob("libpdpair_nixl_poster-*.so"):
+                if stale.name != name:  # an older source's build (unlinking a loaded one is harmless)
+                    stale.unlink(missing_ok=True)
             return folder / name
         finally:
             if os.path.exists(tmp):
@@ -100,6 +103,8 @@ def library() -> ctypes.CDLL:
     lib.pdpair_poster_take.restype = i32
     lib.pdpair_poster_cancel.argtypes = [vp, u64, i32]
     lib.pdpair_poster_cancel.restype = i32
+    lib.pdpair_poster_reported.argtypes = [vp]
+    lib.pdpair_poster_reported.restype = vp
     lib.pdpair_poster_close.argtypes = [vp, i32]
     lib.pdpair_poster_close.restype = i32
     return lib
@@ -151,6 +156,8 @@ class NativePoster:
         self._q = self._lib.pdpair_poster_open(agent, post, status, efd, max_pause_us)
         self._tokens = (ctypes.c_uint64 * self.TAKE)()
         self._statuses = (ctypes.c_int32 * self.TAKE)()
+        self._reported = ctypes.c_uint64.from_address(self._lib.pdpair_poster_reported(self._q))
+        self._seen = 0
         self.posted = 0
         """Transfers submitted so far."""
 
@@ -161,6 +168,10 @@ class NativePoster:
 
     def take(self) -> list[tuple[int, int]]:
         """Finished transfers: (token, 0 = done, or NIXL's negative status)."""
+        reported = self._reported.value
+        if reported == self._seen:
+            return []
+        self._seen = reported
         out: list[tuple[int, int]] = []
         while True:
             n = self._lib.pdpair_poster_take(self._q, self._tokens, self._statuses, self.TAKE)

@@ -33,6 +33,9 @@ namespace {
 using post_fn = int (*)(const void* agent, void* request, const void* extra);
 using status_fn = int (*)(const void* agent, void* request);
 
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
+              "Queue::reported is read from Python as a plain 64-bit integer");
+
 constexpr int kInProgress = 1;
 constexpr int kSuccess = 0;
 
@@ -60,6 +63,7 @@ struct Queue {
     std::vector<std::pair<uint64_t, int>> finished;
     bool stop = false;
     bool exited = false;
+    std::atomic<uint64_t> reported{0};  // finished transfers appended so far: Python reads it unlocked
 
     std::timed_mutex op;  // held by the thread while it calls NIXL for one transfer
     std::thread thread;
@@ -148,6 +152,7 @@ void run(Queue* q) {
             for (auto& e : ended) {
                 if (q->live.erase(e.first)) q->finished.push_back(e);
             }
+            q->reported.fetch_add(ended.size(), std::memory_order_release);
             if (was_empty && !q->finished.empty()) signal(q);
         }
         // Spin while anything moves; back off (doubling, up to max_pause_us) while transfers wait on
@@ -203,6 +208,12 @@ int pdpair_poster_take(void* queue, uint64_t* tokens, int32_t* statuses, int max
     q->finished.erase(q->finished.begin(), q->finished.begin() + n);
     if (q->finished.empty()) clear(q);
     return n;
+}
+
+// The address of the count of finished transfers reported so far: while it has not moved since the
+// last `take`, there is nothing to take (a load, where a call would cost the GIL-holding caller more).
+const uint64_t* pdpair_poster_reported(void* queue) {
+    return reinterpret_cast<const uint64_t*>(&static_cast<Queue*>(queue)->reported);
 }
 
 // Stop touching a transfer. 1: the thread will never touch its handles again (the caller releases
