@@ -130,13 +130,18 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         "overhead_us": round(agent["p50_us"] - raw["p50_us"], 1),
         "inflight": depth,
         "amortised_overhead_us": _amortised(per_request, agent["gbps"], raw["gbps"]),
-        "ratio_runs": [round(a["gbps"] / r["gbps"], 3) for a, r in zip(agents, raws, strict=True)],
+        "ratio_runs": _ratios(agents, raws),
+        "ratio_threaded_runs": _ratios(agents, threads),
         "overhead_runs_us": [round(a["p50_us"] - r["p50_us"], 1) for a, r in zip(agents, raws, strict=True)],
         "load_1m": [round(x, 2) for x in loads],
         "prefill_cpu_us": _rounded(agent["prefill_cpu_us"]),
         "prefill_worker_cpu_us": _rounded(agent["prefill_worker_cpu_us"]),
         "decode_worker_cpu_us": _rounded(agent["decode_worker_cpu_us"]),
     }
+
+
+def _ratios(agents: list[dict[str, float]], engines: list[dict[str, float]]) -> list[float]:
+    return [round(a["gbps"] / e["gbps"], 3) for a, e in zip(agents, engines, strict=True)]
 
 
 def _rounded(value: float) -> float | None:

@@ -33,6 +33,8 @@ def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
         threaded = r["raw_engine_threaded_gbps"]  # a second raw run, NIXL's own thread copying
         assert threaded > 0
         assert r["ratio_agent_vs_raw_threaded"] == pytest.approx(r["agent_gbps"] / threaded, rel=0.02)
+        assert len(r["ratio_runs"]) == len(r["ratio_threaded_runs"]) == 1
+        assert r["ratio_threaded_runs"][0] == pytest.approx(r["ratio_agent_vs_raw_threaded"], rel=0.02)
         assert r["prefill_worker_cpu_us"] > 0 and r["prefill_cpu_us"] >= 0  # from /proc; None fails
         assert r["decode_worker_cpu_us"] > 0
 
