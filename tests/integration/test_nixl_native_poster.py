@@ -153,3 +153,13 @@ def test_an_object_of_another_layout_is_refused_before_any_call() -> None:
 
     with pytest.raises(native.NativeUnavailable, match="unexpected layout"):
         native.nixl_entry_points(NotABinding())
+
+
+def test_a_build_is_made_once_per_source_version_and_older_builds_are_pruned(tmp_path: Path) -> None:
+    stale = tmp_path / "libpdpair_nixl_poster-000000000000.so"
+    stale.write_bytes(b"an older source's build")
+    first = native.build(tmp_path)
+    assert first.parent == tmp_path and first.stat().st_size > 0 and not stale.exists()
+    mtime = first.stat().st_mtime_ns
+    assert native.build(tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left behind

@@ -168,6 +168,8 @@ class NativePoster:
 
     def take(self) -> list[tuple[int, int]]:
         """Finished transfers: (token, 0 = done, or NIXL's negative status)."""
+        if self._q is None:  # closed: its memory is gone
+            return []
         reported = self._reported.value
         if reported == self._seen:
             return []
