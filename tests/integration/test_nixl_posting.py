@@ -11,17 +11,13 @@ import numpy as np
 import pytest
 
 from dataplane.errors import DeadlineExceeded
-from dataplane.transports import TransferState, Writes
+from dataplane.transports import TransferState
 from dataplane.transports.nixl import NixlTransfer, NixlTransport
 from tests.integration.test_transport_conformance import nixl_pair
+from tests.integration.test_transport_conformance import one_write as one
 
 pytestmark = pytest.mark.nixl
 MIB = 1 << 20
-
-
-def one(offset: int, size: int) -> Writes:
-    region, at = np.array([0], np.int32), np.array([offset])
-    return Writes(region, at, region, at, np.array([size]))
 
 
 def test_writes_queued_behind_a_running_one_go_through_the_thread_and_land() -> None:

@@ -13,15 +13,10 @@ import pytest
 from dataplane.errors import DeadlineExceeded
 from dataplane.transports import TransferState, Writes
 from dataplane.transports.nixl import NixlTransport, _thread_params
-from tests.integration.test_transport_conformance import nixl_pair
+from tests.integration.test_transport_conformance import nixl_pair, one_write
 
 pytestmark = pytest.mark.nixl
 MIB = 1 << 20
-
-
-def span(region: int, at: int, n: int) -> Writes:
-    r, o = np.array([region], np.int32), np.array([at])
-    return Writes(r, o, r, o, np.array([n]))
 
 
 def test_a_request_of_a_few_descriptors_is_handed_to_the_backend_threads() -> None:
@@ -40,7 +35,7 @@ def test_writes_of_every_size_land_through_the_backend_thread_with_no_posting_th
         batch = Writes(
             np.zeros(len(sizes), np.int32), offsets, np.zeros(len(sizes), np.int32), offsets, np.array(sizes)
         )
-        singles = [span(1, at, n) for at, n in ((0, 4096), (8192, 100_000))]
+        singles = [one_write(at, n, 1) for at, n in ((0, 4096), (8192, 100_000))]
         transfers = [t.write(pair.peer, batch), *(t.write(pair.peer, w) for w in singles)]
         deadline = time.monotonic() + 30
         for tr in transfers:
@@ -60,15 +55,15 @@ def test_writes_of_every_size_land_through_the_backend_thread_with_no_posting_th
 def test_a_frozen_peer_fails_threaded_writes_at_their_deadline_and_a_thawed_one_is_written_again() -> None:
     with nixl_pair("tcp", threads=1) as pair:
         t = pair.transport
-        t.wait(t.write(pair.peer, span(0, 0, 4096)), time.monotonic() + 30)  # connection up
+        t.wait(t.write(pair.peer, one_write(0, 4096)), time.monotonic() + 30)  # connection up
         pair.freeze()
         start = time.monotonic()
-        transfer = t.write(pair.peer, span(0, MIB, 8 * MIB))
+        transfer = t.write(pair.peer, one_write(MIB, 8 * MIB))
         with pytest.raises(DeadlineExceeded):
             t.wait(transfer, start + 0.5)
         assert time.monotonic() - start < 3
         assert transfer.state is TransferState.FAILED and t._running == 0
         pair.thaw()
-        t.wait(t.write(pair.peer, span(0, 16 * MIB, 2 * MIB)), time.monotonic() + 30)
+        t.wait(t.write(pair.peer, one_write(16 * MIB, 2 * MIB)), time.monotonic() + 30)
         got = pair.read_remote(0)
         assert np.array_equal(got[16 * MIB : 18 * MIB], pair.local[0][16 * MIB : 18 * MIB])

@@ -44,6 +44,12 @@ class Pair:
     reset: Callable[[], None]
 
 
+def one_write(offset: int, size: int, region: int = 0) -> Writes:
+    """A batch of one write, same region and offset on both sides."""
+    r, at = np.array([region], np.int32), np.array([offset])
+    return Writes(r, at, r, at, np.array([size]))
+
+
 def _buffers(seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, n, dtype=np.uint8) for n in SIZES]
