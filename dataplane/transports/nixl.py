@@ -271,6 +271,14 @@ class NixlTransport(Transport):
             self._poster.drain()  # nothing of this peer's may still be posting from its prepared lists
         for transfer in [t for t in self._native_live.values() if t.peer is peer]:
             self.abort(transfer)
+        if self._native is not None and self._native.stuck:
+            # the native thread is inside a NIXL call that may be this peer's: its lists and
+            # connection stay as they are (freed with the agent, if ever)
+            log.warning("nixl: %r disconnected without releasing its NIXL state (native poster stuck)",
+                        peer.peer_id)
+            self._leaked += peer.prepped.values()
+            peer.prepped.clear()
+            return
         errors = [self._quietly(h.release) for h in peer.prepped.values()]
         peer.prepped.clear()
         errors.append(self._quietly(self._agent.remove_remote_agent, peer.agent_name))
@@ -438,10 +446,14 @@ class NixlTransport(Transport):
         if self._native is not None:
             for transfer in list(self._native_live.values()):
                 self.abort(transfer)
-            if self._native.close():
-                for handle in self._leaked:
-                    self._quietly(handle.release)
+            if not self._native.close():
+                # its thread is stuck inside NIXL: everything it may touch stays allocated for good
+                log.error("nixl: the native poster did not stop; this transport's NIXL state is abandoned")
+                _ABANDONED.append(self)
+                return
             self._native = None
+            for handle in self._leaked:
+                self._quietly(handle.release)
         self._leaked.clear()
         for peer in list(self._peers):
             self._quietly(self.disconnect, peer)
@@ -462,6 +474,10 @@ class NixlTransport(Transport):
         except Exception as exc:
             return exc
         return None
+
+
+_ABANDONED: list[NixlTransport] = []
+"""Transports whose native poster never stopped: kept alive so that nothing it uses is ever freed."""
 
 
 def _bases(

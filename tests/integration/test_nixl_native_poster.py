@@ -162,3 +162,17 @@ def test_a_build_is_made_once_per_source_version_and_older_builds_are_pruned(tmp
     mtime = first.stat().st_mtime_ns
     assert native.build(tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left behind
+
+
+def test_a_closed_poster_refuses_calls_instead_of_touching_freed_memory() -> None:
+    """``close`` may run on another thread than the worker's (shutdown): later calls are answered
+    without entering the freed queue, and a cancel then tells the caller not to release."""
+    buf = np.zeros(MIB, np.uint8)
+    with NixlTransport("closed-poster", NixlConfig(ucx_net_devices="lo")) as t:
+        t.register([MemoryRegion(buf.ctypes.data, buf.nbytes)])
+        poster = t._native
+        assert poster is not None and poster.close() and not poster.stuck
+        assert poster.take() == [] and poster.cancel(1) is False and not poster.stuck
+        with pytest.raises(native.NativeUnavailable, match="closed"):
+            poster.submit(1, [0])
+        t._native = None

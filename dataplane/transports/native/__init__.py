@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,12 @@ class NativePoster:
     TAKE = 64
 
     def __init__(self, binding_agent: Any, efd: int, max_pause_us: int = 200):
+        self._lock = threading.Lock()
+        """Held around every call into the queue: ``close`` (from another thread at shutdown) never
+        frees it under a call of the role worker's."""
+        self.stuck = False
+        """A cancel timed out: the thread is inside a NIXL call that does not return. Later cancels
+        do not wait again, and a failed ``close`` leaves the thread its memory."""
         self._lib = library()
         agent, post, status = nixl_entry_points(binding_agent)
         self._q = self._lib.pdpair_poster_open(agent, post, status, efd, max_pause_us)
@@ -162,34 +169,50 @@ class NativePoster:
         """Transfers submitted so far."""
 
     def submit(self, token: int, handles: list[int]) -> None:
-        self.posted += 1
         n = len(handles)
-        self._lib.pdpair_poster_submit(self._q, token, (ctypes.c_void_p * n)(*handles), n)
+        with self._lock:
+            if self._q is None:
+                raise NativeUnavailable("the native poster is closed")
+            self._lib.pdpair_poster_submit(self._q, token, (ctypes.c_void_p * n)(*handles), n)
+        self.posted += 1
 
     def take(self) -> list[tuple[int, int]]:
         """Finished transfers: (token, 0 = done, or NIXL's negative status)."""
-        if self._q is None:  # closed: its memory is gone
-            return []
-        reported = self._reported.value
-        if reported == self._seen:
-            return []
-        self._seen = reported
         out: list[tuple[int, int]] = []
-        while True:
-            n = self._lib.pdpair_poster_take(self._q, self._tokens, self._statuses, self.TAKE)
-            out += zip(self._tokens[:n], self._statuses[:n], strict=True)
-            if n < self.TAKE:
+        with self._lock:
+            if self._q is None:  # closed: its memory is gone
                 return out
+            reported = self._reported.value
+            if reported == self._seen:
+                return out
+            self._seen = reported
+            while True:
+                n = self._lib.pdpair_poster_take(self._q, self._tokens, self._statuses, self.TAKE)
+                out += zip(self._tokens[:n], self._statuses[:n], strict=True)
+                if n < self.TAKE:
+                    return out
 
     def cancel(self, token: int, wait_ms: int = 2000) -> bool:
         """Stop touching a transfer: True when its handles are the caller's to release, False when the
-        thread was still inside NIXL with it after ``wait_ms`` (they must then be left, not released)."""
-        return self._lib.pdpair_poster_cancel(self._q, token, wait_ms) >= 0
+        thread was still inside NIXL with it after ``wait_ms`` (or is known to be stuck there, or
+        the queue is closed): the handles must then be left, not released."""
+        with self._lock:
+            if self._q is None:
+                return False
+            ok = self._lib.pdpair_poster_cancel(self._q, token, 0 if self.stuck else wait_ms) >= 0
+            self.stuck = not ok
+        return ok
 
     def close(self, wait_ms: int = 10_000) -> bool:
-        """Stop the thread; False when it was stuck inside NIXL (it is left running, detached)."""
-        q, self._q = self._q, None
-        return q is None or self._lib.pdpair_poster_close(q, wait_ms) == 0
+        """Stop the thread; False when it was stuck inside NIXL (it is left running, detached, with
+        the queue's memory)."""
+        with self._lock:
+            q, self._q = self._q, None
+            if q is None:
+                return not self.stuck
+            if self._lib.pdpair_poster_close(q, wait_ms) != 0:
+                self.stuck = True
+        return not self.stuck
 
 
 __all__ = ["NativePoster", "NativeUnavailable", "build", "library", "nixl_entry_points"]

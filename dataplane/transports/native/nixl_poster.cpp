@@ -87,7 +87,10 @@ bool step(Queue* q, Transfer* t) {
     std::lock_guard<std::timed_mutex> guard(q->op);
     if (t->cancelled || t->status != kInProgress) return false;
     bool moved = false;
+    // `cancelled` is re-read before every NIXL call: a cancel that timed out while this thread was
+    // stuck in one call must stop it touching the transfer's other handles afterwards.
     while (t->posted < t->handles.size()) {
+        if (t->cancelled) return true;
         int s = q->post(q->agent, t->handles[t->posted], nullptr);
         if (s < 0) {
             t->status = s;
@@ -100,6 +103,7 @@ bool step(Queue* q, Transfer* t) {
     bool all = true;
     for (size_t i = 0; i < t->handles.size(); i++) {
         if (t->done[i]) continue;
+        if (t->cancelled) return true;
         int s = q->status(q->agent, t->handles[i]);
         if (s < 0) {
             t->status = s;
@@ -237,7 +241,7 @@ int pdpair_poster_cancel(void* queue, uint64_t token, int wait_ms) {
         q->live.erase(it);
     }
     if (!q->op.try_lock_for(std::chrono::milliseconds(wait_ms))) {
-        t->cancelled = true;  // the thread drops it after its current call
+        t->cancelled = true;  // the thread touches it no more after its current call
         return -1;
     }
     t->cancelled = true;
