@@ -293,7 +293,7 @@ class NixlTransport(Transport):
         try:
             parts = self._by_memory(peer, writes)
             transfer.handles = [self._prepare(peer, w, lm, rm) for w, lm, rm in parts]
-            if poster is self._native and poster is not None:
+            if isinstance(poster, NativePoster):
                 transfer.token, transfer.wakes = next(self._tokens), True
                 self._native_live[transfer.token] = transfer
                 poster.submit(transfer.token, [h._handle for h in transfer.handles])
@@ -317,10 +317,13 @@ class NixlTransport(Transport):
         would wait for it anyway and the hand-off only adds latency. A small copy goes there only
         while the thread is awake with work queued anyway (no wake-up to pay): with rooms in flight,
         a room's small component requests would otherwise cost the worker their copies."""
-        poster: Poster | NativePoster | None = self._native or self._poster
+        poster: Poster | NativePoster | None
+        if self._native is not None:
+            poster, backlog = self._native, len(self._native_live)
+        else:
+            poster, backlog = self._poster, self._poster.backlog if self._poster is not None else 0
         if poster is None or not (overlap or self._running):
             return None
-        backlog = len(self._native_live) if poster is self._native else self._poster and self._poster.backlog
         return poster if writes.nbytes > self.post_inline_bytes or backlog else None
 
     def _by_memory(self, peer: NixlPeer, writes: Writes) -> list[tuple[Writes, MemType, MemType]]:
