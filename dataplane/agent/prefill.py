@@ -72,6 +72,8 @@ class DecodePeer:
     beats: bool = False
     """The decode heartbeats us (one of our agents; a plain sglang decode does not)."""
     last_seen: float = field(default_factory=time.monotonic)
+    registration: tuple[bytes, ...] = ()
+    """The registration's frames: the same frames again are a retry (``on_registration``)."""
 
 
 @dataclass(eq=False)
@@ -129,6 +131,12 @@ class PrefillWorker(RoleWorker):
             return
         address = tcp(reg.endpoint, reg.dst_port)
         label = f"decode-{reg.decode_tp_rank}@{reg.endpoint}"
+        current = self.peers.get(address)
+        if current is not None and current.registration == tuple(frames):
+            # decode resends its registration until it hears Hello: a retry that crossed our Hello.
+            # Pairing again would fail its rooms under way (decode may have started them already).
+            self.pushers.send(address, [encode_control(self.hello(address, reg, again=True))])
+            return
         try:
             if reg.manifest is not None:
                 check_compatible(self.manifest, reg.manifest)
@@ -136,16 +144,16 @@ class PrefillWorker(RoleWorker):
                 log.warning(
                     "decode %s sent no manifest (plain sglang peer): pairing without schema check", label
                 )
-            self.accept(label, address, reg)
+            self.accept(label, address, reg, tuple(frames))
         except IncompatiblePeer as exc:
             self.refuse(label, address, exc.reason)
         except PDPairError as exc:
             self.refuse(label, address, f"cannot pair: {exc}")
 
-    def accept(self, label: str, address: str, reg: Registration) -> None:
+    def accept(self, label: str, address: str, reg: Registration, frames: tuple[bytes, ...] = ()) -> None:
         old = self.peers.pop(address, None)
         if old is not None:
-            self.drop_peer(old, "decode re-registered")
+            self.drop_peer(old, "decode re-registered", notify=True)
         blobs = [
             *reg.dst_kv_mem_descs,
             *reg.dst_aux_mem_descs,
@@ -181,19 +189,30 @@ class PrefillWorker(RoleWorker):
         if self.staged is not None and landing:
             self.staged.attach(address, peer, landing_region=len(blobs))
         self.peers[address] = DecodePeer(
-            label, address, peer, layout, pairing, reg.legacy_flat_state, beats=reg.manifest is not None
+            label, address, peer, layout, pairing, reg.legacy_flat_state, beats=reg.manifest is not None,
+            registration=frames,
         )
-        lanes = self.lanes if reg.manifest is not None else None  # a plain sglang decode stays on ZMQ
-        hello = Hello(
+        self.pushers.send(address, [encode_control(self.hello(address, reg))])
+        self.paired(label)
+
+    def hello(self, address: str, reg: Registration, again: bool = False) -> Hello:
+        """The acceptance, with a lane invitation for one of our agents (a plain sglang decode stays
+        on ZMQ). ``again`` (a retried registration): the invitation already sent stands, and none at
+        all once its lane is up — decode re-dials for every invitation, dropping the lane it has."""
+        lanes = self.lanes if reg.manifest is not None else None
+        token = b""
+        if lanes is not None and not again:
+            token = lanes.invite(address)
+        elif lanes is not None and address not in lanes.by_address:
+            token = lanes.invites.get(address) or lanes.invite(address)
+        return Hello(
             agent_id=self.agent_id,
             generation=self.generation,
             role="prefill",
             manifest=encode_manifest(self.manifest),
-            lane_port=lanes.port if lanes else 0,
-            lane_token=lanes.invite(address) if lanes else b"",
+            lane_port=lanes.port if lanes is not None and token else 0,
+            lane_token=token,
         )
-        self.pushers.send(address, [encode_control(hello)])
-        self.paired(label)
 
     def refuse(self, label: str, address: str, reason: str) -> None:
         log.warning("refusing %s: %s", label, reason)
@@ -202,9 +221,11 @@ class PrefillWorker(RoleWorker):
         if address:
             self.pushers.send(address, [encode_control(Refused(reason=reason, agent_id=self.agent_id))])
 
-    def drop_peer(self, dp: DecodePeer, reason: str) -> None:
+    def drop_peer(self, dp: DecodePeer, reason: str, notify: bool = False) -> None:
+        """Forget a decode; its rooms fail (``notify``: decode is told, e.g. one that re-registered
+        with rooms still under way; a lost decode is not)."""
         for room in self.rooms.fail_peer(dp.label, f"{reason}: {dp.label}"):
-            self.finish(room, KVPoll.Failed, notify=False)
+            self.finish(room, KVPoll.Failed, notify=notify)
         try:
             self.transport.disconnect(dp.peer)
         except TransferFailed as exc:

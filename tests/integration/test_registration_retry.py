@@ -1,0 +1,70 @@
+"""A decode resends its registration until it hears prefill's Hello; a resend that crosses the Hello
+(a slow prefill, a loaded host) must not cost the rooms decode has started meanwhile. Prefill answers
+an identical registration with Hello again and keeps the pairing, its rooms and the lane; a registration
+with other content (a new decode process at the same address) still re-pairs, and the rooms of the old
+pairing fail *with* a status to that address, so a decode still waiting for them learns at once.
+Real agents in one process, real bytes over NIXL (``tests.inprocess``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import zmq
+
+from dataplane.agent import AgentRuntime
+from dataplane.agent.launch import loopback_pair
+from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
+from tests.inprocess import verified_run
+
+pytestmark = pytest.mark.nixl
+REQUESTS = 120
+
+
+def config() -> AgentConfig:
+    return AgentConfig(
+        model=ModelConfig(profile="qwen3-next", pool_pages=256, max_requests=16),
+        transfer=TransferConfig(timeout_seconds=20, heartbeat_interval_seconds=0.2),
+        synthetic=SyntheticConfig(
+            requests_per_second=400, requests=REQUESTS, tokens=(64, 300, 17), max_inflight=6, verify=True
+        ),
+    )
+
+
+def test_a_registration_resent_while_rooms_run_keeps_the_pairing_and_every_room() -> None:
+    (p_cfg,), (d_cfg,) = loopback_pair(config())
+    prefill = AgentRuntime(p_cfg).start()
+    decode = AgentRuntime(d_cfg).start()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        deadline = time.monotonic() + 30
+        while not prefill.worker.peers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ((address, paired),) = prefill.worker.peers.items()
+        lane = prefill.worker.lanes.by_address.get(address) if prefill.worker.lanes else None
+        push.connect(f"tcp://127.0.0.1:{prefill.worker.inbox.port}")
+        frames = list(decode.worker._reg_frames)
+        done = threading.Event()
+
+        def resend() -> None:  # decode's own retry, replayed while its rooms are under way
+            for _ in range(20):
+                if done.wait(0.05):
+                    return
+                push.send_multipart(frames)
+
+        sender = threading.Thread(target=resend, daemon=True)
+        sender.start()
+        verified_run(decode, REQUESTS, timeout=60)
+        done.set()
+        sender.join(5)
+        assert prefill.worker.peers[address] is paired, "an identical registration re-paired"
+        if lane is not None:
+            assert prefill.worker.lanes.by_address.get(address) is lane, "the lane was replaced"
+    finally:
+        push.close()
+        ctx.term()
+        decode.stop()
+        prefill.stop()
