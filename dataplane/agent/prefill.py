@@ -150,7 +150,7 @@ class PrefillWorker(RoleWorker):
         except PDPairError as exc:
             self.refuse(label, address, f"cannot pair: {exc}")
 
-    def accept(self, label: str, address: str, reg: Registration, frames: tuple[bytes, ...] = ()) -> None:
+    def accept(self, label: str, address: str, reg: Registration, frames: tuple[bytes, ...]) -> None:
         old = self.peers.pop(address, None)
         if old is not None:
             self.drop_peer(old, "decode re-registered", notify=True)

@@ -13,7 +13,7 @@ adapter falls back to the Python posting thread when anything is missing — no 
 NIXL build — with the reason in its log.
 
 Where the library goes: ``$PDPAIR_NATIVE_DIR``, else ``_build/`` beside the source when writable (the
-image builds it there: ``python -m dataplane.transports.native``), else ``~/.cache/pdpair``; its name
+image builds it there: ``python -P -m dataplane.transports.native``), else ``~/.cache/pdpair``; its name
 carries the source's hash, so an edited source is rebuilt.
 """
 

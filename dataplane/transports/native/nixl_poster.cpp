@@ -5,12 +5,12 @@
 // native thread posts the queued requests in order, polls the running ones (NIXL's getXferStatus), and
 // reports each finished transfer through an eventfd the worker waits on beside its sockets.
 //
-// NIXL's wheels ship no C++ headers for the agent, and its C API wraps agents of its own: the three
+// NIXL's wheels ship no C++ headers for the agent, and its C API wraps agents of its own: the two
 // agent methods used here are called through the addresses Python resolved in libnixl.so, with the
-// agent pointer the NIXL bindings hold (nixl_native.py checks both before use). A member function
-// of the Itanium C++ ABI is a function whose first argument is `this`.
+// agent pointer the NIXL bindings hold (__init__.py beside this file checks both before use). A
+// member function of the Itanium C++ ABI is a function whose first argument is `this`.
 //
-// Build: g++ -O2 -std=c++17 -shared -fPIC -pthread (nixl_native.py builds it on first use).
+// Build: g++ -O2 -std=c++17 -shared -fPIC -pthread (__init__.py builds it on first use).
 
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
