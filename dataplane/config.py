@@ -209,6 +209,10 @@ class EngineConfig(_Base, frozen=True):
     socket_path: str = "/var/run/pdpair/agent.sock"
     """The local API's Unix socket, in a volume the engine's and the agent's containers share."""
     max_frame_bytes: int = 4 << 20
+    huge_pages: Literal["auto", "always", "never"] = "auto"
+    """Where the synthetic engine process takes its host pools: reserved 2 MiB huge pages when the
+    host (or the container's ``hugepages-2Mi``) has enough (``auto``), only there (``always``), or
+    ordinary shared pages (``never``). Copies into ordinary shared pages run at about half the rate."""
 
 
 class LocalApiConfig(_Base, frozen=True):

@@ -40,6 +40,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--report", metavar="FILE", help="keep a JSON summary here")
     p.add_argument("--presend", type=int, default=0, metavar="N",
                    help="prefill: send N rooms ahead (room ids from --room-base, sizes from --tokens)")
+    p.add_argument("--huge-pages", choices=("auto", "always", "never"),
+                   help="host pools in reserved 2 MiB huge pages (default: localapi.engine.hugePages)")
     p.add_argument("--no-verify", action="store_true", help="decode: skip byte verification (benchmarks)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=run)
@@ -53,7 +55,11 @@ def load(args: argparse.Namespace) -> Any:
     cfg = load_config(args.config) if args.config else AgentConfig()
     model = cfg.model if args.profile is None else msgspec.structs.replace(cfg.model, profile=args.profile)
     tp_rank = cfg.tp_rank if args.tp_rank is None else args.tp_rank
-    return msgspec.structs.replace(cfg, role=args.role, model=model, tp_rank=tp_rank)
+    cfg = msgspec.structs.replace(cfg, role=args.role, model=model, tp_rank=tp_rank)
+    if args.huge_pages is None:
+        return cfg
+    engine = msgspec.structs.replace(cfg.localapi.engine, huge_pages=args.huge_pages)
+    return msgspec.structs.replace(cfg, localapi=msgspec.structs.replace(cfg.localapi, engine=engine))
 
 
 def run(args: argparse.Namespace) -> int:

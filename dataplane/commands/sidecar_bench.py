@@ -20,6 +20,10 @@ The defaults make each run's window last about a second on a 16-core host: with 
 and 200 requests per case, a 4 KiB run lasted ~0.1 s and one run's ratio swung 0.6-1.0 between
 repetitions of the same code.
 
+``sidecar_huge_pages`` (table: ``huge``): both sidecar engines' pools were in reserved 2 MiB huge pages
+(``--huge-pages``, default ``auto``: when the host has enough). The direct agent's own pools get
+transparent huge pages; ordinary shared pages halve the copy's rate (docs/sidecar.md).
+
 ``*_prefill_process_us`` / ``*_prefill_worker_us``: CPU µs per room the prefill agent spent (its whole
 process / its role-worker thread) from ready to the last room, warm-up rooms included: where the
 interface's cost lands, independent of how busy the machine was.
@@ -55,6 +59,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--warmup", type=int, default=5, help="first requests of each run left out of the figures (pairing)"
     )
+    p.add_argument(
+        "--huge-pages", choices=("auto", "always", "never"), default="auto",
+        help="the sidecar engines' pools in reserved 2 MiB huge pages (default auto: when the host has them)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list of cases")
     p.set_defaults(handler=run)
 
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for label, cfg in cases:
         print(f"sidecar-bench: {label} ...", file=sys.stderr, flush=True)
-        results.append(run_case(label, with_warmup(cfg, args.warmup), args.repeat))
+        results.append(run_case(label, with_warmup(cfg, args.warmup), args.repeat, args.huge_pages))
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 
@@ -112,10 +120,14 @@ def per_request_cpu(spent: dict[str, float | None], rooms: int) -> dict[str, flo
     }
 
 
-def run_case(label: str, cfg: Any, repeat: int = 1) -> dict[str, Any]:
-    runs = [(direct_run(cfg), sidecar_run(cfg, False), sidecar_run(cfg, True)) for _ in range(repeat)]
+def run_case(label: str, cfg: Any, repeat: int = 1, huge_pages: str = "auto") -> dict[str, Any]:
+    runs = [
+        (direct_run(cfg), sidecar_run(cfg, False, huge_pages), sidecar_run(cfg, True, huge_pages))
+        for _ in range(repeat)
+    ]
     med = statistics.median
     direct, side, ahead = ({k: med(r[i][k] for r in runs) for k in runs[0][i]} for i in range(3))
+    huge = all(r[i]["huge_pages"] for r in runs for i in (1, 2))
     return {
         "case": label,
         "requests": cfg.synthetic.requests - cfg.synthetic.warmup,
@@ -129,6 +141,7 @@ def run_case(label: str, cfg: Any, repeat: int = 1) -> dict[str, Any]:
         "sidecar_us_per_request": round(side["us"], 1),
         "interface_us": round(side["us"] - direct["us"], 1),
         "api_us": side["api_us"],
+        "sidecar_huge_pages": huge,
         "presend_gbps": round(ahead["gbps"], 4),
         "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
         "presend_interface_us": round(ahead["us"] - direct["us"], 1),
@@ -151,7 +164,7 @@ def _rounded(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 1)
 
 
-def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
+def sidecar_run(cfg: Any, presend: bool, huge_pages: str = "auto") -> dict[str, Any]:
     from ..agent.launch import CpuProbe
     from ..localapi.launch import SidecarPair
 
@@ -159,14 +172,16 @@ def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
     common = ["--requests", str(syn.requests), "--no-verify", "--room-base", str(1 << 40),
               "--tokens", ",".join(str(t) for t in syn.tokens)]
     inflight = syn.max_inflight
-    prefill = [*common, "--presend", str(inflight + 1)] if presend else []
-    decode_args = [*common, "--inflight", str(inflight)]
+    pages = ["--huge-pages", huge_pages]
+    prefill = [*common, "--presend", str(inflight + 1), *pages] if presend else pages
+    decode_args = [*common, "--inflight", str(inflight), *pages]
     with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-") as tmp, \
             SidecarPair(cfg, Path(tmp), decode_args=decode_args, prefill_args=prefill) as pair:
         cpu = CpuProbe(pair.agents["prefill"])
         decode = pair.engines["decode"]
         decode.wait(600)
         rep = decode.report()
+        huge = rep.get("huge_pages", False) and pair.engines["prefill"].report().get("huge_pages", False)
         spent = cpu.spent()
     n = max(1, int(rep["counts"].get("measured", 0)))
     window = float(rep["window_seconds"])
@@ -175,6 +190,7 @@ def sidecar_run(cfg: Any, presend: bool) -> dict[str, Any]:
         "gbps": rep["bytes"] / window / 1e9 if window else 0.0,
         "us": window / n * 1e6,
         "api_us": rep["api_us_per_call"],
+        "huge_pages": bool(huge),
         **per_request_cpu(spent, syn.requests),
     }
 
@@ -186,14 +202,20 @@ def table(results: list[dict[str, Any]]) -> str:
         ("presend GB/s", "presend_gbps", 12, ".3f"), ("ratio", "presend_ratio", 6, ".3f"),
         ("direct us/req", "direct_us_per_request", 13, ".1f"), ("interface us", "interface_us", 12, ".1f"),
         ("presend us", "presend_interface_us", 10, ".1f"), ("api us", "api_us", 7, ".1f"),
-        ("prefill CPU us d/s", "prefill_cpu", 18, ""),
+        ("prefill CPU us d/s", "prefill_cpu", 18, ""), ("huge", "sidecar_huge_pages", 5, ""),
     ]
     head = " ".join(f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols))
     lines = [head, "-" * len(head)]
     for r in results:
         cells = []
         for i, (_, key, w, fmt) in enumerate(cols):
-            value = _cpu_pair(r) if key == "prefill_cpu" else (r[key] if r[key] is not None else 0)
+            value: Any
+            if key == "prefill_cpu":
+                value = _cpu_pair(r)
+            elif key == "sidecar_huge_pages":
+                value = "yes" if r[key] else "no"
+            else:
+                value = r[key] if r[key] is not None else 0
             cells.append(f"{value:{'<' if not i else '>'}{w}{fmt}}")
         lines.append(" ".join(cells))
     return "\n".join(lines)

@@ -59,7 +59,13 @@ class SyntheticEngineProcess:
             self.shared: SharedPools | CudaPools = CudaPools(regions, cfg.transfer.gpu_id)
             self.pools = MemoryPools.adopt(self.schema, self.shared.buffers, "cuda", cfg.transfer.gpu_id)
         else:
-            self.shared = SharedPools(regions, mode=shm_mode, prefault=cfg.model.prefault)
+            self.shared = SharedPools(
+                regions, mode=shm_mode, prefault=cfg.model.prefault, huge_pages=cfg.localapi.engine.huge_pages
+            )
+            if self.shared.huge:
+                log.info("pools: %d MiB in 2 MiB huge pages", self.shared.size >> 20)
+            else:
+                log.info("pools: ordinary shared pages (%s)", self.shared.huge_reason)
             self.pools = MemoryPools.adopt(self.schema, self.shared.buffers)
         self.synthetic = SyntheticEngine(self.pools)
         manifest = manifest_from_schema(self.schema, role=self.role, generation=cfg.identity.generation)
@@ -305,6 +311,7 @@ class SyntheticEngineProcess:
             "window_seconds": round(max(0.0, self.last_end - self.first_start), 6),
             "api_us_per_call": round(self.api_seconds / self.api_calls * 1e6, 2) if self.api_calls else None,
             "last_error": self.last_error,
+            "huge_pages": getattr(self.shared, "huge", False),
         }
 
     def write_report(self, path: str) -> None:

@@ -181,6 +181,19 @@ def _gpu_resources(spec: PDPairSpec, role: Role, on_agent: bool) -> dict[str, An
     return {"limits": {rs.resources.gpu_resource_name: str(rs.gpu_count())}}
 
 
+def _engine_resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
+    """A sidecar engine's resources: its GPUs (see ``_gpu_resources``), CPU/memory, huge pages."""
+    out = _gpu_resources(spec, role, on_agent=False)
+    res = spec.engine.resources
+    requests = {k: v for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v}
+    if res.huge_pages:
+        requests["hugepages-2Mi"] = res.huge_pages
+        out["limits"] = {**out.get("limits", {}), "hugepages-2Mi": res.huge_pages}
+    if requests:
+        out["requests"] = requests
+    return out
+
+
 def _resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     """The agent container's resources: its GPUs (see ``_gpu_resources``), RDMA devices, CPU/memory."""
     rs = spec.role(role)
@@ -268,7 +281,7 @@ def _engine_container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     env += [{"name": v.name, **({"valueFrom": v.value_from} if v.value_from is not None else
                                 {"value": v.value or ""})} for v in engine.env]
     container: dict[str, Any] = {"name": "engine", "env": env, "volumeMounts": mounts}
-    resources = _gpu_resources(spec, role, on_agent=False)
+    resources = _engine_resources(spec, role)
     if resources:
         container["resources"] = resources
     if engine.image:

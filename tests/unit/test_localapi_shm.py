@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dataplane.config import AgentConfig, ModelConfig
-from dataplane.errors import BadInput, SchemaError
+from dataplane.errors import BadInput, PDPairError, SchemaError
 from dataplane.localapi import SharedPools
 from dataplane.localapi.frames import FrameReader, send_frame
 from dataplane.localapi.mapping import check_regions, map_pools
@@ -81,3 +81,53 @@ def test_missing_descriptor_and_bad_names_are_clear_errors():
             map_named(name)
     with pytest.raises(BadInput, match="cannot open shared memory"):
         map_named("pdpair-does-not-exist")
+
+
+def huge_pages(what: str = "free") -> int:
+    try:
+        with open(f"/sys/kernel/mm/hugepages/hugepages-2048kB/{what}_hugepages") as f:
+            return int(f.read())
+    except OSError:
+        return 0
+
+
+def free_huge_pages() -> int:
+    return huge_pages("free")
+
+
+def test_huge_pages_are_shared_with_the_agent_when_the_host_has_them():
+    if free_huge_pages() < 8:
+        pytest.skip("no free 2 MiB huge pages here (scripts/test reserves them: hack/ci-hugepages.sh)")
+    before = free_huge_pages()
+    with SharedPools(REGIONS, huge_pages="always") as pools:
+        assert pools.huge and pools.huge_reason == ""
+        assert pools.size % (2 << 20) == 0 and pools.size >= sum(r[3] for r in REGIONS)
+        assert free_huge_pages() == before - pools.size // (2 << 20), "every page reserved and faulted in now"
+        assert all(int(b.max()) == 0 for b in pools.buffers)
+        mapped = map_pools(SCHEMA, pools.regions, passed_fds(pools.fds))
+        try:
+            for i in range(len(REGIONS)):
+                pools.buffers[i][-8:] = i + 1
+            assert [int(b[-1]) for b in mapped.buffers] == [i + 1 for i in range(len(REGIONS))]
+        finally:
+            assert mapped.close()
+    assert free_huge_pages() == before, "closing gives every page back"
+
+
+def test_without_enough_huge_pages_auto_falls_back_and_always_refuses():
+    """Asking for one page more than the host could ever give: ``auto`` takes ordinary pages and says
+    why, ``always`` raises with the same reason, ``never`` does not look."""
+    most = huge_pages("nr") + huge_pages("nr_overcommit")
+    too_big = [("kv", -1, 0, (most + 1) * (2 << 20))]
+    with SharedPools(too_big) as pools:
+        assert not pools.huge
+        assert "huge pages not available" in pools.huge_reason and "host free" in pools.huge_reason
+        pools.buffers[0][-1] = 7
+    with pytest.raises(PDPairError, match=r"no huge pages .*huge pages not available"):
+        SharedPools(too_big, huge_pages="always")
+    with SharedPools(REGIONS, huge_pages="never") as pools:
+        assert not pools.huge and "never" in pools.huge_reason
+    with pytest.raises(PDPairError, match="need the fd mode"):
+        SharedPools(REGIONS, mode="shm", huge_pages="always")
+    with pytest.raises(BadInput, match="huge_pages must be"):
+        SharedPools(REGIONS, huge_pages="sometimes")  # type: ignore[arg-type]

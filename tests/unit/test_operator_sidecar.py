@@ -50,6 +50,17 @@ def test_sidecar_without_image_runs_the_synthetic_engine_as_the_canary():
     assert cfg.localapi.engine.mode == "external"
 
 
+def test_engine_resources_and_huge_pages_go_to_the_engine_container_only():
+    resources = {"cpu": "4", "memory": "16Gi", "hugePages": "2Gi"}
+    spec, _ = pod_and_config(engine={"mode": "sidecar", "resources": resources})
+    agent, eng = spec["containers"]
+    assert eng["resources"]["requests"] == {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "2Gi"}
+    assert eng["resources"]["limits"] == {"nvidia.com/gpu": "1", "hugepages-2Mi": "2Gi"}
+    assert "hugepages-2Mi" not in str(agent.get("resources"))
+    spec, _ = pod_and_config(engine={"mode": "sidecar"})
+    assert spec["containers"][1]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+
+
 def test_default_pods_keep_the_in_process_engine():
     spec, cfg = pod_and_config()
     [agent] = spec["containers"]
