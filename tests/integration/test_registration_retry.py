@@ -7,6 +7,7 @@ Real agents in one process, real bytes over NIXL (``tests.inprocess``)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -15,17 +16,19 @@ import zmq
 
 from dataplane.agent import AgentRuntime
 from dataplane.agent.launch import loopback_pair
-from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
+from dataplane.codec.frames import int_frame
+from dataplane.config import AgentConfig, ListenConfig, ModelConfig, SyntheticConfig, TransferConfig
 from tests.inprocess import verified_run
 
 pytestmark = pytest.mark.nixl
 REQUESTS = 120
 
 
-def config() -> AgentConfig:
+def config(lanes: bool = True) -> AgentConfig:
     return AgentConfig(
         model=ModelConfig(profile="qwen3-next", pool_pages=256, max_requests=16),
         transfer=TransferConfig(timeout_seconds=20, heartbeat_interval_seconds=0.2),
+        listen=ListenConfig(lanes=lanes),
         synthetic=SyntheticConfig(
             requests_per_second=400, requests=REQUESTS, tokens=(64, 300, 17), max_inflight=6, verify=True
         ),
@@ -63,6 +66,45 @@ def test_a_registration_resent_while_rooms_run_keeps_the_pairing_and_every_room(
         assert prefill.worker.peers[address] is paired, "an identical registration re-paired"
         if lane is not None:
             assert prefill.worker.lanes.by_address.get(address) is lane, "the lane was replaced"
+    finally:
+        push.close()
+        ctx.term()
+        decode.stop()
+        prefill.stop()
+
+
+def test_a_different_registration_fails_the_old_pairings_rooms_with_a_status(caplog) -> None:
+    """Registrations with other content (here the GPU id flips, as from a new decode runtime at the
+    same address) re-pair each time; the rooms under way then fail at once with the reason, told to
+    decode — none waits out its 20 s deadline — and the other rooms succeed. On ZMQ: a re-pairing
+    also replaces the lane, and frames the *still running* decode wrote on the old one would be lost;
+    a real re-registration comes from a new runtime, whose old lane went with it."""
+    (p_cfg,), (d_cfg,) = loopback_pair(config(lanes=False))
+    prefill = AgentRuntime(p_cfg).start()
+    decode = AgentRuntime(d_cfg).start()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    caplog.set_level(logging.WARNING, logger="pdpair")
+    try:
+        deadline = time.monotonic() + 30
+        while not prefill.worker.peers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        push.connect(f"tcp://127.0.0.1:{prefill.worker.inbox.port}")
+        frames = list(decode.worker._reg_frames)
+        start = time.monotonic()
+        for n in range(2):
+            while not prefill.worker.rooms and time.monotonic() - start < 10:  # rooms under way
+                time.sleep(0.0005)
+            push.send_multipart([*frames[:8], int_frame((n + 1) % 2, field="gpu_id"), *frames[9:]])
+            time.sleep(0.05)
+        while decode.worker.completed < REQUESTS and time.monotonic() - start < 15:
+            time.sleep(0.02)
+        assert decode.worker.completed == REQUESTS, "a room of an old pairing waited for its deadline"
+        failed = [r.getMessage() for r in caplog.records if "decode room" in r.getMessage()]
+        assert len(failed) == REQUESTS - decode.worker.succeeded
+        assert all("decode re-registered" in m for m in failed), failed
+        assert failed, "no room was under way at either re-pairing"
     finally:
         push.close()
         ctx.term()
