@@ -22,7 +22,7 @@ repetitions of the same code.
 
 ``sidecar_huge_pages`` (table: ``huge``): both sidecar engines' pools were in reserved 2 MiB huge pages
 (``--huge-pages``, default ``auto``: when the host has enough). The direct agent's own pools get
-transparent huge pages; ordinary shared pages halve the copy's rate (docs/sidecar.md).
+transparent huge pages; ordinary shared pages slow the copy (docs/sidecar.md).
 
 ``*_prefill_process_us`` / ``*_prefill_worker_us``: CPU µs per room the prefill agent spent (its whole
 process / its role-worker thread) from ready to the last room, warm-up rooms included: where the

@@ -91,6 +91,7 @@ def children(cluster: Cluster, ns: str, name: str) -> dict[str, list[dict[str, A
      "resources.gpuDeviceClassName is only valid with resources.gpuAllocation 'dra'"),
     ({"engine": {"mode": "sidecar", "resources": {"hugePages": "1Gi"}}},
      "engine.resources.hugePages needs engine.resources.cpu or memory"),
+    ({"engine": {"resources": {"memory": "1Gi"}}}, "engine.resources applies to a sidecar engine"),
 ])
 def test_invalid_pdpair_is_rejected_with_the_cel_message(cluster: Cluster, ns: str, patch: dict[str, Any],
                                                          message: str) -> None:
