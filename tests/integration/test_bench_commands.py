@@ -39,8 +39,20 @@ def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
         assert r["decode_worker_cpu_us"] > 0
 
 
+def free_huge_pages() -> int:
+    try:
+        return int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read_text())
+    except OSError:
+        return 0
+
+
 def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> None:
-    (row,) = cli("sidecar-bench", *TINY, "--mix", "", "--inflight", "2")
+    """Huge-page pools where the host has them (scripts/test reserves some), ordinary ones elsewhere;
+    the report says which the engines had."""
+    huge = free_huge_pages() >= 8
+    pages = "always" if huge else "never"
+    (row,) = cli("sidecar-bench", *TINY, "--mix", "", "--inflight", "2", "--huge-pages", pages)
+    assert row["sidecar_huge_pages"] is huge
     assert row["case"] == "64KiB" and row["requests"] == 24 and row["inflight"] == 2
     assert row["bytes"] % 24 == 0 and row["bytes"] >= 24 * (64 << 10)  # at least a page per request
     for key in ("direct_gbps", "sidecar_gbps", "presend_gbps", "api_us"):
