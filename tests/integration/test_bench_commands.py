@@ -61,3 +61,16 @@ def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> No
     for setup in ("direct", "sidecar", "presend"):  # the prefill agent's CPU per room, from /proc
         process, worker = row[f"{setup}_prefill_process_us"], row[f"{setup}_prefill_worker_us"]
         assert worker > 0 and 0 <= process < 1e6, (setup, process, worker)  # NaN fails too
+
+
+def test_cma_copy_measures_each_memory_kind() -> None:
+    kinds = ["anon-thp", "anon-4k", "memfd"] + (["memfd-hugetlb"] if free_huge_pages() >= 8 else [])
+    script = [sys.executable, str(ROOT / "bench" / "cma_copy.py")]
+    args = ["--kinds", ",".join(kinds), "--chunks", "64K,1M", "--buffer", "4M", "--seconds", "0.05", "--json"]
+    proc = subprocess.run([*script, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert [(r["kind"], r["chunk"]) for r in rows] == [(k, c) for c in (64 << 10, 1 << 20) for k in kinds]
+    assert all(r["gbps"] > 0 for r in rows), rows
+    bad = subprocess.run([*script, "--kinds", "tmpfs"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown kinds ['tmpfs']" in bad.stderr
