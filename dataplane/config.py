@@ -212,7 +212,7 @@ class EngineConfig(_Base, frozen=True):
     huge_pages: Literal["auto", "always", "never"] = "auto"
     """Where the synthetic engine process takes its host pools: reserved 2 MiB huge pages when the
     host (or the container's ``hugepages-2Mi``) has enough (``auto``), only there (``always``), or
-    ordinary shared pages (``never``). Copies into ordinary shared pages are slower (0.6-0.8 times the
+    ordinary shared pages (``never``). Copies into ordinary shared pages are slower (0.6-0.9 times the
     rate on the hosts measured)."""
 
 

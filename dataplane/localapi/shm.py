@@ -10,7 +10,7 @@ page-aligned offset), so one descriptor carries all of them. Two ways to share i
   ``/dev/shm``); the engine unlinks it on ``close``.
 
 Page size matters to the transfer itself: UCX's CMA copy into 4 KiB-page shared memory ran at
-0.6-0.8 times the rate of the same copy into the huge pages the agent's own (numpy) pools get
+0.6-0.9 times the rate of the same copy into the huge pages the agent's own (numpy) pools get
 (docs/sidecar.md), and most hosts leave shared memory's transparent huge pages off. So in ``fd`` mode
 the pools are taken from the host's reserved 2 MiB huge pages (``MFD_HUGETLB``; a Kubernetes
 container's ``hugepages-2Mi``) when there are enough (``huge_pages="auto"``), and from ordinary pages

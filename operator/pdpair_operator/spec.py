@@ -133,7 +133,7 @@ class UpdateStrategy(_Spec, frozen=True):
 class EngineResources(_Spec, frozen=True):
     """The engine container's requests (Kubernetes quantities). ``huge_pages``: 2 MiB huge pages
     (``hugepages-2Mi``, request = limit) for its host pools: copies into ordinary shared pages are
-    slower (0.6-0.8 times the rate measured, docs/sidecar.md); Kubernetes requires ``cpu`` or
+    slower (0.6-0.9 times the rate measured, docs/sidecar.md); Kubernetes requires ``cpu`` or
     ``memory`` beside them. Only for a sidecar engine (the CRD refuses it otherwise)."""
 
     cpu: str | None = None
