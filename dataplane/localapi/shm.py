@@ -162,16 +162,17 @@ def _hugetlb(name: str, size: int, mode: str) -> tuple[tuple[int, mmap.mmap] | N
         if mm is not None:
             mm.close()
         os.close(fd)
-        free = _free_huge_pages()
-        return None, f"{size >> 20} MiB of 2 MiB huge pages not available ({exc.strerror}; host free: {free})"
+        why = f"{exc.strerror}; host free: {huge_pages('free') * 2} MiB"
+        return None, f"{size >> 20} MiB of 2 MiB huge pages not available ({why})"
 
 
-def _free_huge_pages() -> str:
+def huge_pages(count: Literal["free", "nr", "nr_overcommit"] = "free") -> int:
+    """The host's 2 MiB huge pages: free, reserved (``nr``) or allowed beyond that (0 where unknown)."""
     try:
-        with open("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages") as f:
-            return f"{int(f.read()) * 2} MiB"
+        with open(f"/sys/kernel/mm/hugepages/hugepages-2048kB/{count}_hugepages") as f:
+            return int(f.read())
     except (OSError, ValueError):
-        return "unknown"
+        return 0
 
 
 class Mapping:

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from dataplane.localapi.shm import huge_pages
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 TINY = ["--sizes", "64K", "--case-bytes", str(4 << 20), "--max-requests", "24", "--warmup", "2", "--json"]
@@ -39,17 +41,10 @@ def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
         assert r["decode_worker_cpu_us"] > 0
 
 
-def free_huge_pages() -> int:
-    try:
-        return int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read_text())
-    except OSError:
-        return 0
-
-
 def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> None:
     """Huge-page pools where the host has them (scripts/test reserves some), ordinary ones elsewhere;
     the report says which the engines had."""
-    huge = free_huge_pages() >= 8
+    huge = huge_pages() >= 8
     pages = "always" if huge else "never"
     (row,) = cli("sidecar-bench", *TINY, "--mix", "", "--inflight", "2", "--huge-pages", pages)
     assert row["sidecar_huge_pages"] is huge
@@ -64,7 +59,7 @@ def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> No
 
 
 def test_cma_copy_measures_each_memory_kind() -> None:
-    kinds = ["anon-thp", "anon-4k", "memfd"] + (["memfd-hugetlb"] if free_huge_pages() >= 8 else [])
+    kinds = ["anon-thp", "anon-4k", "memfd"] + (["memfd-hugetlb"] if huge_pages() >= 8 else [])
     script = [sys.executable, str(ROOT / "bench" / "cma_copy.py")]
     args = ["--kinds", ",".join(kinds), "--chunks", "64K,1M", "--buffer", "4M", "--seconds", "0.05", "--json"]
     proc = subprocess.run([*script, *args], capture_output=True, text=True, timeout=120)

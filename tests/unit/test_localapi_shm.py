@@ -15,7 +15,7 @@ from dataplane.errors import BadInput, PDPairError, SchemaError
 from dataplane.localapi import SharedPools
 from dataplane.localapi.frames import FrameReader, send_frame
 from dataplane.localapi.mapping import check_regions, map_pools
-from dataplane.localapi.shm import map_named
+from dataplane.localapi.shm import huge_pages, map_named
 from dataplane.schema.profiles import schema_from_config
 
 SCHEMA = schema_from_config(
@@ -83,26 +83,14 @@ def test_missing_descriptor_and_bad_names_are_clear_errors():
         map_named("pdpair-does-not-exist")
 
 
-def huge_pages(what: str = "free") -> int:
-    try:
-        with open(f"/sys/kernel/mm/hugepages/hugepages-2048kB/{what}_hugepages") as f:
-            return int(f.read())
-    except OSError:
-        return 0
-
-
-def free_huge_pages() -> int:
-    return huge_pages("free")
-
-
 def test_huge_pages_are_shared_with_the_agent_when_the_host_has_them():
-    if free_huge_pages() < 8:
+    if huge_pages() < 8:
         pytest.skip("no free 2 MiB huge pages here (scripts/test reserves them: hack/ci-hugepages.sh)")
-    before = free_huge_pages()
+    before = huge_pages()
     with SharedPools(REGIONS, huge_pages="always") as pools:
         assert pools.huge and pools.huge_reason == ""
         assert pools.size % (2 << 20) == 0 and pools.size >= sum(r[3] for r in REGIONS)
-        assert free_huge_pages() == before - pools.size // (2 << 20), "every page reserved and faulted in now"
+        assert huge_pages() == before - pools.size // (2 << 20), "every page reserved and faulted in now"
         assert all(int(b.max()) == 0 for b in pools.buffers)
         mapped = map_pools(SCHEMA, pools.regions, passed_fds(pools.fds))
         try:
@@ -111,7 +99,7 @@ def test_huge_pages_are_shared_with_the_agent_when_the_host_has_them():
             assert [int(b[-1]) for b in mapped.buffers] == [i + 1 for i in range(len(REGIONS))]
         finally:
             assert mapped.close()
-    assert free_huge_pages() == before, "closing gives every page back"
+    assert huge_pages() == before, "closing gives every page back"
 
 
 def test_without_enough_huge_pages_auto_falls_back_and_always_refuses():
