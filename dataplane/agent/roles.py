@@ -307,5 +307,6 @@ class RoleWorker(abc.ABC):
             out["worker_cpu_seconds"] = round(cpu, 6)
         if self.lanes is not None:
             out["lanes"] = {"up": sorted(self.lanes.by_address), "fallbacks": self.lanes.fallbacks}
+        out["transport"] = self.transport.describe()
         out.update(self.stats.snapshot())
         return out

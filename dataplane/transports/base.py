@@ -96,7 +96,7 @@ class Writes:
 
     @functools.cached_property
     def nbytes(self) -> int:
-        return int(self.size.sum())
+        return sum(self.lists[4]) if len(self.size) <= SMALL else int(self.size.sum())
 
     @functools.cached_property
     def lists(self) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
@@ -232,6 +232,10 @@ class Transport(ABC):
         """A descriptor that turns readable when a transfer with ``wakes`` set may have changed state;
         the driving thread waits on it beside its sockets and calls ``collect`` each turn."""
         return None
+
+    def describe(self) -> dict[str, Any]:
+        """What the agent's ``/status`` shows of the engine (adapters add their own counters)."""
+        return {"engine": self.name}
 
     def collect(self) -> None:  # noqa: B027 - optional: adapters without an own signalling thread
         """Take in what the engine's own thread signalled (clears ``wake_fd``): a ``wakes`` transfer

@@ -1,12 +1,16 @@
 """Block arithmetic for engines that address memory by index into prepared descriptor lists (NIXL).
 
 A batch of writes whose offsets and sizes are all multiples of ``g`` can be expressed as indices into
-lists that cut every region into ``g``-byte blocks. Pure numpy, no engine: unit-testable on its own.
+lists that cut every region into ``g``-byte blocks. A small batch of mixed sizes (a room: KV pages,
+a mamba slot, a 64-byte aux slot) shares no useful ``g``; it is expressed instead in lists that cut each
+region in blocks of its own size, its *grain* (``settle_grains``). Pure numpy, no engine: unit-testable
+on its own.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -67,3 +71,79 @@ def block_indices(
     starts = bases[region] + offset // block
     first = np.cumsum(n) - n
     return (np.repeat(starts - first, n) + np.arange(int(n.sum()))).astype(np.int32)
+
+
+GRAIN_PASSES = 64
+"""Bound on ``settle_grains``' passes: each pass that changes anything lowers a grain to a proper
+divisor of itself, so real batches settle in two or three."""
+
+
+def settle_grains(
+    lists: tuple[list[int], list[int], list[int], list[int], list[int]],
+    local: Sequence[int], remote: Sequence[int],
+) -> tuple[dict[int, int], dict[int, int]] | None:
+    """Per-region block sizes ("grains") under which every write of a small batch is whole blocks of
+    one size on both sides — NIXL pairs a prepared list's entries one to one, so a write's local and
+    remote regions must be cut alike. ``local``/``remote``: the current grain of each region (0: not
+    cut yet). Returns the regions whose grain must change (each to a divisor of its current one), ``({},
+    {})`` when the current grains already fit, None when no grain above 0 fits (cannot happen for
+    positive sizes; the bound on passes makes it a fallback rather than a loop)."""
+    lr, lo, rr, ro, sizes = lists
+    rows = list(zip(lr, lo, rr, ro, sizes, strict=True))
+    if all((g := local[a]) and g == remote[b] and not (o % g or p % g or s % g) for a, o, b, p, s in rows):
+        return {}, {}
+    new_l: dict[int, int] = {}
+    new_r: dict[int, int] = {}
+    for _ in range(GRAIN_PASSES):
+        changed = False
+        for a, o, b, p, s in rows:
+            u = math.gcd(o, p, s, new_l.get(a, local[a]), new_r.get(b, remote[b]))
+            if new_l.get(a, local[a]) != u:
+                new_l[a], changed = u, True
+            if new_r.get(b, remote[b]) != u:
+                new_r[b], changed = u, True
+        if not changed:
+            return new_l, new_r
+    return None
+
+
+def cut_rows(descs: np.ndarray, grains: Sequence[int], mask: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """The ``mask`` regions with a grain, each cut in blocks of its own grain, as NIXL's compressed
+    list rows (addr, grain, dev, stride=grain, count); and each region's first index in that list
+    (-1: not in it)."""
+    rows, bases, at = [], [], 0
+    for r, (addr, size, dev) in enumerate(descs.tolist()):
+        g = int(grains[r])
+        if not (mask[r] and g and size // g):
+            bases.append(-1)
+            continue
+        rows.append((addr, g, dev, g, size // g))
+        bases.append(at)
+        at += size // g
+    return np.array(rows, dtype=np.uint64).reshape(-1, 5), bases
+
+
+def cut_entries(sizes: Sequence[int], grains: Sequence[int], mask: Sequence[bool]) -> int:
+    """How many entries ``cut_rows`` would make."""
+    return sum(int(s) // g for s, g, m in zip(sizes, grains, mask, strict=True) if m and g)
+
+
+def grain_indices(
+    lists: tuple[list[int], list[int], list[int], list[int], list[int]],
+    grains: Sequence[int], local_bases: Sequence[int], remote_bases: Sequence[int],
+) -> tuple[list[int], list[int]]:
+    """Local and remote indices of every block of every write (writes in order), for a batch that
+    ``settle_grains`` found to fit: ``grains`` are the local ones, which equal the remote ones."""
+    lr, lo, rr, ro, sizes = lists
+    li: list[int] = []
+    ri: list[int] = []
+    for a, o, b, p, s in zip(lr, lo, rr, ro, sizes, strict=True):
+        g = grains[a]
+        i, j, n = local_bases[a] + o // g, remote_bases[b] + p // g, s // g
+        if n == 1:
+            li.append(i)
+            ri.append(j)
+        else:
+            li.extend(range(i, i + n))
+            ri.extend(range(j, j + n))
+    return li, ri

@@ -52,3 +52,84 @@ def test_one_block_write_is_its_base_plus_offset():
         np.array([0, 100], np.int64), 4096,
     )
     assert idx.tolist() == [105]
+
+
+# ---- lists cut by grain (small batches of mixed sizes) -----------------------------------------------
+
+UNITS = [64, 256, 1024, 4096, 16384]
+
+
+@st.composite
+def mixed_batches(draw):
+    """A room-like batch: per region a unit (its item size), writes of whole units at unit offsets on
+    both sides; local and remote regions of one write share a unit up to a factor (TP slices)."""
+    regions = draw(st.integers(1, 5))
+    unit = draw(st.lists(st.sampled_from(UNITS), min_size=regions, max_size=regions))
+    sizes = [u * draw(st.integers(4, 64)) for u in unit]
+    n = draw(st.integers(1, blocks.SMALL))
+    rows = []
+    for _ in range(n):
+        a, b = draw(st.integers(0, regions - 1)), draw(st.integers(0, regions - 1))
+        u = min(unit[a], unit[b])
+        count = draw(st.integers(1, 3))
+        o = draw(st.integers(0, sizes[a] // u - count)) * u
+        p = draw(st.integers(0, sizes[b] // u - count)) * u
+        rows.append((a, o, b, p, count * u))
+    local = draw(st.lists(st.sampled_from([0, *UNITS]), min_size=regions, max_size=regions))
+    remote = draw(st.lists(st.sampled_from([0, *UNITS]), min_size=regions, max_size=regions))
+    return tuple(list(c) for c in zip(*rows, strict=True)), sizes, local, remote
+
+
+def _apply(grains, changes):
+    return [changes.get(r, g) for r, g in enumerate(grains)]
+
+
+def _blocks_of(sizes, grains):
+    """Every region cut by its grain: (region, byte offset, length) per list entry, and the bases."""
+    entries, bases = [], []
+    for r, (size, g) in enumerate(zip(sizes, grains, strict=True)):
+        bases.append(len(entries) if g else -1)
+        entries += [(r, k * g, g) for k in range(size // g)] if g else []
+    return entries, bases
+
+
+@settings(max_examples=300, deadline=None)
+@given(mixed_batches())
+def test_settled_grains_cut_every_write_alike_on_both_sides(batch):
+    lists, sizes, local, remote = batch
+    settled = blocks.settle_grains(lists, local, remote)
+    assert settled is not None
+    lg, rg = _apply(local, settled[0]), _apply(remote, settled[1])
+    for before, changes in ((local, settled[0]), (remote, settled[1])):
+        for r, g in changes.items():
+            assert g > 0 and (before[r] == 0 or before[r] % g == 0), "a grain only ever shrinks to a divisor"
+    assert blocks.settle_grains(lists, lg, rg) == ({}, {}), "settled grains fit the batch as they are"
+    lentries, lbases = _blocks_of(sizes, lg)
+    rentries, rbases = _blocks_of(sizes, rg)
+    li, ri = blocks.grain_indices(lists, lg, lbases, rbases)
+    assert len(li) == len(ri)
+    covered_l = [lentries[i] for i in li]
+    covered_r = [rentries[j] for j in ri]
+    assert all(x[2] == y[2] for x, y in zip(covered_l, covered_r, strict=True)), "paired entries differ"
+    want_l = [(a, o + k, 1) for a, o, _, _, s in zip(*lists, strict=True) for k in range(s)]
+    got_l = [(r, off + k, 1) for r, off, n in covered_l for k in range(n)]
+    assert got_l == want_l, "local entries cover exactly the writes' bytes, in order"
+    want_r = [(b, p + k, 1) for _, _, b, p, s in zip(*lists, strict=True) for k in range(s)]
+    got_r = [(r, off + k, 1) for r, off, n in covered_r for k in range(n)]
+    assert got_r == want_r
+
+
+def test_a_room_keeps_one_index_per_item_and_a_finer_write_refines_only_its_regions():
+    # two 4 KiB KV pages and a 64-byte aux slot, as a 4 KiB room writes them
+    room = ([0, 1, 2], [8192, 8192, 128], [0, 1, 2], [4096, 4096, 64], [4096, 4096, 64])
+    lg_changes, rg_changes = blocks.settle_grains(room, [0, 0, 0], [0, 0, 0])
+    assert lg_changes == rg_changes == {0: 4096, 1: 4096, 2: 64}
+    rows, bases = blocks.cut_rows(
+        np.array([[1 << 20, 65536, 0], [2 << 20, 65536, 0], [3 << 20, 1024, 0]], np.uint64),
+        [4096, 4096, 64], np.array([True, True, True]),
+    )
+    assert rows[:, 4].tolist() == [16, 16, 16] and bases == [0, 16, 32]
+    assert blocks.grain_indices(room, [4096, 4096, 64], bases, bases) == ([2, 18, 34], [1, 17, 33])
+    half = ([0], [2048], [0], [0], [2048])
+    assert blocks.settle_grains(half, [4096, 4096, 64], [4096, 4096, 64]) == ({0: 2048}, {0: 2048})
+    assert blocks.cut_entries([65536, 65536, 1024], [2048, 4096, 64], [True, False, True]) == 32 + 16
