@@ -108,15 +108,12 @@ def test_settled_grains_cut_every_write_alike_on_both_sides(batch):
     rentries, rbases = _blocks_of(sizes, rg)
     li, ri = blocks.grain_indices(lists, lg, lbases, rbases)
     assert len(li) == len(ri)
-    covered_l = [lentries[i] for i in li]
-    covered_r = [rentries[j] for j in ri]
-    assert all(x[2] == y[2] for x, y in zip(covered_l, covered_r, strict=True)), "paired entries differ"
-    want_l = [(a, o + k, 1) for a, o, _, _, s in zip(*lists, strict=True) for k in range(s)]
-    got_l = [(r, off + k, 1) for r, off, n in covered_l for k in range(n)]
-    assert got_l == want_l, "local entries cover exactly the writes' bytes, in order"
-    want_r = [(b, p + k, 1) for _, _, b, p, s in zip(*lists, strict=True) for k in range(s)]
-    got_r = [(r, off + k, 1) for r, off, n in covered_r for k in range(n)]
-    assert got_r == want_r
+    assert li == sorted(li), "blocks in local order, so neighbours meet"
+    pairs = [(lentries[i], rentries[j]) for i, j in zip(li, ri, strict=True)]
+    assert all(x[2] == y[2] for x, y in pairs), "paired entries differ in length"
+    got = sorted(((la, lo + k), (rb, ro + k)) for (la, lo, n), (rb, ro, _) in pairs for k in range(n))
+    want = sorted(((a, o + k), (b, p + k)) for a, o, b, p, s in zip(*lists, strict=True) for k in range(s))
+    assert got == want, "the pairs move exactly the writes' bytes, each byte to its place"
 
 
 def test_a_room_keeps_one_index_per_item_and_a_finer_write_refines_only_its_regions():
