@@ -69,3 +69,21 @@ def test_cma_copy_measures_each_memory_kind() -> None:
     assert all(r["gbps"] > 0 for r in rows), rows
     bad = subprocess.run([*script, "--kinds", "tmpfs"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown kinds ['tmpfs']" in bad.stderr
+
+
+def test_room_trace_times_every_step_of_one_room() -> None:
+    script = [sys.executable, str(ROOT / "bench" / "room_trace.py")]
+    proc = subprocess.run(
+        [*script, "--requests", "400", "--json"], capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    steps = {s["step"]: s for s in out["steps"]}
+    from bench.room_trace import STEPS
+
+    assert list(steps) == [name for name, _, _ in STEPS], "a hook no longer matches the agent's code"
+    assert all(s["rooms"] >= 350 and s["p50_us"] >= 0 for s in steps.values()), steps  # one clock
+    whole = steps["all of it"]["p50_us"]
+    assert whole >= steps["prefill: the engine's post"]["p50_us"] > 0 and out["agent_p50_us"] > 0
+    bad = subprocess.run([*script, "--requests", "5"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--requests must be at least 20" in bad.stderr
