@@ -113,7 +113,7 @@ class CommonShape:
         n = src.size
         if (
             picks is None
-            or n < 2
+            or n < 1
             or dst.size != n
             or src.dtype != _I32
             or dst.dtype != _I32
