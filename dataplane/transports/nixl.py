@@ -43,11 +43,11 @@ SDK_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl._api")
 MemType = Literal["DRAM", "VRAM"]
 RemoteDesc = tuple[int, int, int, MemType]
 INDICES_PER_ROW = 8
+"""A batch whose common block size would need more prepared-list indices than this per write (plus
+64) goes as exact descriptors, one per write: a mixed batch's block is its smallest write's."""
 GRAIN_REFUSALS = 16
 """A peer whose small batches this many times could not be cut by grain (lists over ``prep_limit``)
 stops trying: its batches go the other ways without the attempt's cost."""
-"""A batch whose common block size would need more prepared-list indices than this per write (plus
-64) goes as exact descriptors, one per write: a mixed batch's block is its smallest write's."""
 _decode_desc = msgspec.msgpack.Decoder(RemoteDesc)
 _encode = msgspec.msgpack.Encoder()
 
@@ -438,41 +438,52 @@ class NixlTransport(Transport):
         rg = remote.grains if not new_r else [new_r.get(r, g) for r, g in enumerate(remote.grains)]
         if sum(s // lg[a] for a, s in zip(lists[0], lists[4], strict=True)) > INDICES_PER_ROW * len(w) + 64:
             return None
-        if new_l or new_r:
-            kinds_l = {self._mem[r] for r in new_l}
-            kinds_r = {peer.mem[r] for r in new_r}
-            mem_l, mem_r = np.array(self._mem), np.array(peer.mem)
-            if any(blocks.cut_entries(self._local_sizes.tolist(), lg, (mem_l == k).tolist()) > self.prep_limit
-                   for k in kinds_l) or any(
-                   blocks.cut_entries(peer.remote_sizes.tolist(), rg, (mem_r == k).tolist()) > self.prep_limit
-                   for k in kinds_r):
-                remote.refusals += 1
-                return None
-            made: list[tuple[Cut, MemType, Any, list[int]]] = []
-            try:
-                for cut, descs, mem, grains, kinds in (
-                    (local, self._descs, mem_l, lg, kinds_l), (remote, peer.descs, mem_r, rg, kinds_r)
-                ):
-                    for kind in sorted(kinds):
-                        rows, bases = blocks.cut_rows(descs, grains, mem == kind)
-                        made.append((cut, kind, self._agent.prep_xfer_dlist(cut.agent, rows, kind), bases))
-            except Exception as exc:
-                log.warning("nixl: cannot prepare lists cut by grain for %r, not trying again: %s",
-                            peer.peer_id, exc)
-                for *_, handle, _ in made:
-                    self._quietly(handle.release)
-                remote.refusals = GRAIN_REFUSALS
-                return None
-            local.grains, remote.grains = lg, rg
-            for cut, kind, handle, bases in made:
-                old = cut.lists.get(kind)
-                if old is not None:
-                    cut.retired.append(old[0])
-                cut.lists[kind] = (handle, bases)
+        if (new_l or new_r) and not self._recut(peer, local, remote, (new_l, lg), (new_r, rg)):
+            return None
         lhandle, lbases = local.lists[lm]
         rhandle, rbases = remote.lists[rm]
         li, ri = blocks.grain_indices(lists, local.grains, lbases, rbases)
         return self._agent.make_prepped_xfer("WRITE", lhandle, li, rhandle, ri)
+
+    def _recut(
+        self, peer: NixlPeer, local: Cut, remote: Cut,
+        lnew: tuple[dict[int, int], list[int]], rnew: tuple[dict[int, int], list[int]],
+    ) -> bool:
+        """Adopt new grains on both sides — (changed regions, every region's grain) each — remaking
+        the lists of the memory kinds they touch, all or nothing; False (nothing changed) when a
+        list would pass ``prep_limit`` (counted against the peer) or NIXL cannot prepare one (the
+        peer then stops trying)."""
+        sides = (
+            (local, self._descs, self._mem, self._local_sizes, *lnew),
+            (remote, peer.descs, peer.mem, peer.remote_sizes, *rnew),
+        )
+        plans = []
+        for cut, descs, mem, sizes, changed, grains in sides:
+            for kind in sorted({mem[r] for r in changed}):
+                mask = np.array(mem) == kind
+                if blocks.cut_entries(sizes.tolist(), grains, mask.tolist()) > self.prep_limit:
+                    remote.refusals += 1
+                    return False
+                plans.append((cut, kind, descs, mask, grains))
+        made: list[tuple[Cut, MemType, Any, list[int]]] = []
+        try:
+            for cut, kind, descs, mask, grains in plans:
+                rows, bases = blocks.cut_rows(descs, grains, mask)
+                made.append((cut, kind, self._agent.prep_xfer_dlist(cut.agent, rows, kind), bases))
+        except Exception as exc:
+            log.warning("nixl: cannot prepare lists cut by grain for %r, not trying again: %s",
+                        peer.peer_id, exc)
+            for _, _, handle, _ in made:
+                self._quietly(handle.release)
+            remote.refusals = GRAIN_REFUSALS
+            return False
+        local.grains, remote.grains = lnew[1], rnew[1]
+        for cut, kind, handle, bases in made:
+            old = cut.lists.get(kind)
+            if old is not None:
+                cut.retired.append(old[0])
+            cut.lists[kind] = (handle, bases)
+        return True
 
     def _prepped(
         self, cache: dict[tuple[MemType, int], Any], agent: str, descs: np.ndarray,
