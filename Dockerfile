@@ -28,16 +28,18 @@ COPY operator ./operator
 RUN pip install --no-cache-dir .
 
 FROM build-operator AS build-agent
-# g++ builds the native NIXL posting thread (dataplane/transports/native) into the installed package,
-# where the agent finds it (-P: the installed package, not /src); the compiler stays in this stage.
+# g++ builds the native NIXL posting thread (dataplane/transports/native) and gcc the agent's per-room
+# modules compiled by mypyc (dataplane/compiled), both into the installed package, where the agent
+# finds them (-P: the installed package, not /src); the compilers stay in this stage.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends g++=4:14.2.0-1 \
+ && apt-get install -y --no-install-recommends gcc=4:14.2.0-1 g++=4:14.2.0-1 \
  && rm -rf /var/lib/apt/lists/*
 # DL3013: '.[agent]' is this project; its extra's dependencies are pinned in pyproject.toml.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir '.[agent]' \
  && pip install --no-cache-dir --no-deps nixl-cu12==1.5.1 \
- && python -P -m dataplane.transports.native
+ && python -P -m dataplane.transports.native \
+ && python -P -m dataplane.compiled --in-place
 
 FROM base AS operator
 COPY --from=build-operator /opt/pdpair /opt/pdpair

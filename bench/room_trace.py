@@ -5,7 +5,8 @@ both agents' workers, medians per step.
 
 Runs ``pdpair-agent bench transfer --sizes SIZE --mix= --inflight 1`` with the hooks of
 ``bench/room_trace_hooks/`` on the agents' ``PYTHONPATH`` (instrumentation: it wraps the workers'
-methods, like a profiler; deployed agents never load it), then joins prefill's and decode's marks by
+methods, like a profiler; deployed agents never load it; so the agents run the interpreted modules,
+``--compiled off``: compiled classes' methods cannot be wrapped), then joins prefill's and decode's marks by
 room id — one host, one monotonic clock — and prints the median and p90 of each step, the first tenth of
 the rooms (pairing, warm-up) left out — use a few hundred rooms at least: in the first hundred or so the
 status's send itself can take 100+ µs (the dev VM, while the lane to decode comes up). One room at a
@@ -39,8 +40,8 @@ STEPS = (
     ("prefill: write up to the engine's post", "Wa", "Xa"),
     ("prefill: the engine's post", "Xa", "Xb"),
     ("prefill: write returns to finish", "Xb", "P2"),
-    ("prefill: finish up to the status sent", "P2", "Ps"),
-    ("status reaches decode's handler", "Ps", "D1"),
+    ("prefill: finish up to the status's send", "P2", "Ps"),
+    ("status sent, reaches decode's handler", "Ps", "D1"),
     ("prefill: rest of finish (after the status)", "Ps", "P3"),
     ("decode: finish the room", "D1", "D2"),
     ("all of it", "D0a", "D2"),
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         cmd = [
             sys.executable, "-m", "dataplane.cli", "bench", "transfer", "--sizes", args.size, "--mix=",
-            "--inflight", "1", "--repeat", "1", "--max-requests", str(args.requests),
+            "--inflight", "1", "--repeat", "1", "--max-requests", str(args.requests), "--compiled", "off",
             "--case-bytes", str(1 << 40), "--json",
         ]
         run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -20,6 +20,11 @@ import pytest
 from devcluster import Cluster
 from devcluster.cluster import ensure_binaries
 
+# Agents the tests start run the interpreted modules unless the run asks otherwise: a compiled copy left
+# in the cache by a benchmark must not change what a test run exercises. scripts/test runs the agents'
+# integration tests a second time with PDPAIR_COMPILED=on (dataplane/compiled).
+os.environ.setdefault("PDPAIR_COMPILED", "off")
+
 
 def _existing_kubeconfig() -> Path | None:
     explicit = os.environ.get("PDPAIR_TEST_KUBECONFIG")

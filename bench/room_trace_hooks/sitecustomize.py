@@ -7,7 +7,7 @@ CLOCK_MONOTONIC on Linux), so prefill's and decode's marks of one room line up. 
 decode ``D0a``/``D0b`` (around making and sending the metadata), ``D1``/``D2`` (around handling the
 status); prefill ``Pw`` (its last poll returned), ``P0`` (room started), ``Qa``/``Qb`` (plan),
 ``Ra``/``Rb`` (engine requests), ``Wa``/``Wb`` (``write``), ``Xa``/``Xb`` (NIXL's post), ``P2``/``P3``
-(around ``finish``), ``Ps`` (its status handed to the lane or ZMQ), ``P4`` (a corked status left).
+(around ``finish``), ``Ps`` (its status about to be handed to the lane or ZMQ), ``P4`` (a corked status left).
 """
 
 import json
@@ -114,8 +114,8 @@ if _OUT:
     _send_status = _prefill.PrefillWorker.send_status
 
     def send_status(self, address, room, state, reason):
+        _mark(room, "Ps")  # before the send: on loopback decode may handle it before the send returns
         _send_status(self, address, room, state, reason)
-        _mark(room, "Ps")
 
     _prefill.PrefillWorker.send_status = send_status
 

@@ -21,7 +21,6 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 
 import zmq
 
@@ -258,18 +257,10 @@ class Pushers:
                 return on_lane
         return self._zmq_send(address, frames)
 
-    @contextlib.contextmanager
-    def corked(self) -> Iterator[None]:
+    def corked(self) -> _Corked:
         """Messages sent inside go out together at the end, one write per lane (ZMQ batches its own);
         nested use is the outermost's."""
-        if self.lanes is None or self.lanes.corked:
-            yield
-            return
-        self.lanes.corked = True
-        try:
-            yield
-        finally:
-            self.lanes.uncork()
+        return _Corked(self.lanes)
 
     def _zmq_send(self, address: str, frames: list[bytes]) -> bool:
         sock = self._socks.get(address)
@@ -298,3 +289,23 @@ class Pushers:
     def close(self) -> None:
         for address in list(self._socks):
             self.forget(address)
+
+
+class _Corked:
+    """``Pushers.corked``'s context: a plain class, cheaper per turn than a generator's."""
+
+    __slots__ = ("lanes", "mine")
+
+    def __init__(self, lanes: Lanes | None):
+        self.lanes = lanes
+        self.mine = False
+
+    def __enter__(self) -> None:
+        lanes = self.lanes
+        if lanes is not None and not lanes.corked:
+            lanes.corked = self.mine = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.mine and self.lanes is not None:
+            self.mine = False
+            self.lanes.uncork()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from ..codec import (
     Abort,
@@ -76,6 +77,7 @@ class DecodeRoom:
     sent: float = field(default_factory=time.perf_counter)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DecodeWorker(RoleWorker):
     role = "decode"
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from ..compiled import pythonpath as compiled_pythonpath
 from ..config import AgentConfig
 from ..errors import PDPairError
 from .http import get_json
@@ -115,10 +116,16 @@ class AgentProcess:
             "--log-format",
             "json",
         ]
+        child_env = {**os.environ, **(env or {})}
+        compiled = compiled_pythonpath()
+        if compiled is not None:  # the compiled copy of the package before anything else (-P: not the cwd)
+            cmd.insert(1, "-P")
+            child_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(compiled), child_env.get("PYTHONPATH")) if p
+            )
+        self.compiled = compiled is not None
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env)
         self.ports: dict[str, Any] = {}
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:

@@ -12,7 +12,7 @@ reason back to decode, and the same reason in logs, metrics and ``/status``) →
 Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
 ``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
 component (``requests.transfer_requests``: one engine request for a small room; the small rooms that
-start in one turn of the loop share one, ``coalesced``) → status Success / Failed to decode. A large
+start in one turn of the loop share one, ``begin_coalescing``) → status Success / Failed to decode. A large
 write's copy goes to the transport's posting thread when other rooms wait (``busy``). With the staged
 path on (``agent/staged.py``), a decode that offered a landing buffer gets its small-write components
 gathered, written per slot and scattered, and Success waits for decode's last acknowledgement.
@@ -20,15 +20,14 @@ gathered, written per slot and scattered, and Success waits for decode's last ac
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from ..codec import (
     Abort,
@@ -87,6 +86,7 @@ class PrefillRoom:
     """(start, the part of the plan on the staged path) until decode acknowledged its last piece."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrefillWorker(RoleWorker):
     role = "prefill"
     turn_messages = 4
@@ -103,7 +103,7 @@ class PrefillWorker(RoleWorker):
         self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
         self.coalesce_bytes = tr.coalesce_bytes
         self._coalescing: dict[str, list[tuple[Any, list[Part], Any, float]]] | None = None
-        """While ``coalesced``: rooms waiting to be posted together, by decode address."""
+        """While coalescing (``begin_coalescing``): rooms waiting to be posted together, by decode address."""
         self.coalesced_requests = self.coalesced_rooms = 0
         self.staged = (
             PrefillStaging(self.staging, self.transport, self.agent_id, self.pushers.send)
@@ -323,26 +323,24 @@ class PrefillWorker(RoleWorker):
         small = len(requests) == 1 and requests[0][1].nbytes <= self.coalesce_bytes
         if self._coalescing is not None and small:
             self._coalescing.setdefault(dp.address, []).append((room, *requests[0], time.perf_counter()))
-            return  # posted with the other rooms of this turn when ``coalesced`` ends
+            return  # posted with the other rooms of this turn when ``end_coalescing`` runs
         for parts, writes in requests:
             start = time.perf_counter()
             transfer = self.transport.write(dp.peer, writes, overlap=self.busy())
             room.data.pending.append((transfer, start, time.perf_counter(), parts))
         self.advance(room)  # writes an engine completes while posting: Success goes out now
 
-    @contextlib.contextmanager
-    def coalesced(self) -> Iterator[None]:
-        """Small rooms started inside wait; on exit each decode's get one engine request together."""
+    def begin_coalescing(self) -> bool:
+        """Small rooms started from now wait; ``end_coalescing`` gives each decode's one engine request."""
         if self._coalescing is not None or self.coalesce_bytes <= 0:
-            yield
-            return
+            return False
         self._coalescing = {}
-        try:
-            yield
-        finally:
-            waiting_by_decode, self._coalescing = self._coalescing, None
-            for waiting in waiting_by_decode.values():
-                self.post_together_safely(waiting)
+        return True
+
+    def end_coalescing(self) -> None:
+        waiting_by_decode, self._coalescing = self._coalescing or {}, None
+        for waiting in waiting_by_decode.values():
+            self.post_together_safely(waiting)
 
     def post_together_safely(self, waiting: list[tuple[Any, list[Part], Any, float]]) -> None:
         """``post_together`` outside ``dispatch``'s guard: a bug fails these rooms, not the worker."""

@@ -22,13 +22,14 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import zmq
+from mypy_extensions import mypyc_attr
 
 from ..codec import GUARD, KVPoll, manifest_from_schema
+from ..compiled import active as compiled_active
 from ..config import AgentConfig
 from ..errors import BadInput, PDPairError
 from ..schema import AUX_COMPONENT, KV_COMPONENT, RoleSchema
@@ -89,6 +90,7 @@ def refusal_reason_label(reason: str) -> str:
     return reason_label(reason)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RoleWorker(abc.ABC):
     role = "agent"
     turn_messages = TURN_MESSAGES
@@ -182,22 +184,17 @@ class RoleWorker(abc.ABC):
     def together(self, n: int) -> contextlib.AbstractContextManager[None]:
         """Handling ``n`` messages (or engine requests) that arrived together: the replies leave
         together (one write per lane), and a role may carry their rooms' writes in one engine request
-        (``coalesced``). The per-message costs of syscalls and engine requests are what bound a worker
-        under many small rooms. One message (every turn of a quiet loop) costs no context at all."""
-        return self._handled_together(n) if n > 1 else _ALONE
+        (``begin_coalescing``). The per-message costs of syscalls and engine requests are what bound a
+        worker under many small rooms. One message (every turn of a quiet loop) costs no context at all."""
+        return _Turn(self, n) if n > 1 else _ALONE
 
-    @contextlib.contextmanager
-    def _handled_together(self, n: int) -> Iterator[None]:
-        outer, self.turn = self.turn, max(n, self.turn)
-        try:
-            with self.pushers.corked(), self.coalesced():
-                yield
-        finally:
-            self.turn = outer
+    def begin_coalescing(self) -> bool:
+        """Rooms started from now may share engine requests, posted by ``end_coalescing`` (prefill);
+        False: not begun here (the role does not coalesce, or an outer turn already does)."""
+        return False
 
-    def coalesced(self) -> contextlib.AbstractContextManager[None]:
-        """Rooms started inside may share engine requests, posted on exit (prefill)."""
-        return contextlib.nullcontext()
+    def end_coalescing(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Post what waited since ``begin_coalescing``."""
 
     def idle_wait(self) -> float:
         return IDLE_WAIT
@@ -308,5 +305,35 @@ class RoleWorker(abc.ABC):
         if self.lanes is not None:
             out["lanes"] = {"up": sorted(self.lanes.by_address), "fallbacks": self.lanes.fallbacks}
         out["transport"] = self.transport.describe()
+        out["compiled"] = compiled_active()
         out.update(self.stats.snapshot())
         return out
+
+
+class _Turn:
+    """``RoleWorker.together``'s context (a plain class: it runs every busy turn, and a generator's
+    context costs more): the turn's size, corked sends, coalesced rooms; undone in reverse order."""
+
+    __slots__ = ("coalescing", "corked", "n", "outer", "worker")
+
+    def __init__(self, worker: RoleWorker, n: int):
+        self.worker, self.n, self.outer, self.coalescing = worker, n, 0, False
+        self.corked = worker.pushers.corked()
+
+    def __enter__(self) -> None:
+        w = self.worker
+        self.outer, w.turn = w.turn, max(self.n, w.turn)
+        self.corked.__enter__()
+        self.coalescing = w.begin_coalescing()
+
+    def __exit__(self, *exc: object) -> None:
+        w = self.worker
+        try:
+            try:
+                if self.coalescing:
+                    w.end_coalescing()
+            finally:
+                self.corked.__exit__()
+        finally:
+            w.turn = self.outer
+

@@ -71,6 +71,11 @@ def register(subparsers: Any) -> None:
         "--coalesce-bytes", type=int, default=None, metavar="N",
         help="the prefill agent's transfer.coalesceBytes (0: every room its own engine request)",
     )
+    t.add_argument(
+        "--compiled", choices=("on", "auto", "off"), default="on",
+        help="the agents' per-room modules compiled with mypyc, as the image runs them (dataplane/compiled; "
+        "on: built first if needed, ~1 min once per source version; off: interpreted)",
+    )
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
     t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
     t.set_defaults(handler=run)
@@ -165,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.transfer import run_case
     from ..config import NixlConfig
 
+    compiled = compiled_agents(args.compiled)
+    if compiled is None:
+        return 2
     threads = args.nixl_threads
     nixl = NixlConfig(
         ucx_tls=args.ucx_tls, num_threads=threads, post_thread=not args.no_post_thread,
@@ -188,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
             tr = msgspec.structs.replace(cfg.transfer, coalesce_bytes=args.coalesce_bytes)
             cfg = msgspec.structs.replace(cfg, transfer=tr)
         print(f"bench: {label} ...", file=sys.stderr, flush=True)
-        results.append(run_case(label, cfg, repeat=args.repeat, warmup=args.warmup))
+        results.append({**run_case(label, cfg, repeat=args.repeat, warmup=args.warmup), "compiled": compiled})
     if args.json:
         print(json.dumps(results, indent=1))
     else:
@@ -196,6 +204,20 @@ def run(args: argparse.Namespace) -> int:
     if args.record:
         record(Path(args.record), results, " ".join(["pdpair-agent", *sys.argv[1:]]))
     return 0
+
+
+def compiled_agents(wanted: str) -> bool | None:
+    """Whether the agents this benchmark starts run compiled (``--compiled``); None: asked for and
+    unavailable (the reason printed)."""
+    from ..compiled import CompileUnavailable, choose
+
+    if wanted == "on":
+        print("bench: compiled agent modules (built once per source version) ...", file=sys.stderr)
+    try:
+        return choose(wanted)
+    except CompileUnavailable as exc:
+        print(f"bench: --compiled {wanted}: {exc}", file=sys.stderr)
+        return None
 
 
 def _label(size: int) -> str:

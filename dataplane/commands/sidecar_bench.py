@@ -63,13 +63,21 @@ def register(subparsers: Any) -> None:
         "--huge-pages", choices=("auto", "always", "never"), default="auto",
         help="the sidecar engines' pools in reserved 2 MiB huge pages (default auto: when the host has them)",
     )
+    p.add_argument(
+        "--compiled", choices=("on", "auto", "off"), default="on",
+        help="the agents' per-room modules compiled with mypyc, as the image runs them (dataplane/compiled; "
+        "on: built first if needed, ~1 min once per source version; off: interpreted)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list of cases")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench import block_config, mix_config, parse_size
+    from .bench import block_config, compiled_agents, mix_config, parse_size
 
+    compiled = compiled_agents(args.compiled)
+    if compiled is None:
+        return 2
     cases = []
     for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
         requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
@@ -81,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for label, cfg in cases:
         print(f"sidecar-bench: {label} ...", file=sys.stderr, flush=True)
-        results.append(run_case(label, with_warmup(cfg, args.warmup), args.repeat, args.huge_pages))
+        row = run_case(label, with_warmup(cfg, args.warmup), args.repeat, args.huge_pages)
+        results.append({**row, "compiled": compiled})
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from ..errors import BadInput, DeadlineExceeded, PlanError, TransferFailed
 from .batch_kernels import FIRST_BAD
@@ -187,6 +188,7 @@ class TransferState(enum.Enum):
     FAILED = "failed"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class Peer:
     """A connected remote engine; adapters subclass it to keep their engine handles."""
@@ -197,6 +199,7 @@ class Peer:
     connected: bool = True
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class Transfer:
     """One started batch of writes. ``error`` is set (a ``TransferFailed``) once ``state`` is FAILED."""
@@ -220,6 +223,7 @@ class Transfer:
         return self.state
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Transport(ABC):
     """One engine behind one small interface. Not thread-safe: one agent thread drives it."""
 

@@ -27,9 +27,11 @@ def cli(*args: str) -> list[dict[str, Any]]:
 
 
 def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
+    """With the compiled agent modules (the benchmark's default, built here if the cache has none)."""
     rows = cli("bench", "transfer", *TINY, "--mix", "qwen3-next", "--repeat", "1", "--inflight", "2")
     assert [r["case"] for r in rows] == ["64KiB", "mix:qwen3-next"]
     for r in rows:
+        assert r["compiled"] is True
         assert r["agent_gbps"] > 0 and r["raw_engine_gbps"] > 0 and r["memcpy_gbps"] > 0
         assert r["ratio_agent_vs_raw"] == pytest.approx(r["agent_gbps"] / r["raw_engine_gbps"], rel=0.02)
         threaded = r["raw_engine_threaded_gbps"]  # a second raw run, NIXL's own thread copying
@@ -46,8 +48,9 @@ def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> No
     the report says which the engines had."""
     huge = huge_pages() >= 8
     pages = "always" if huge else "never"
-    (row,) = cli("sidecar-bench", *TINY, "--mix", "", "--inflight", "2", "--huge-pages", pages)
-    assert row["sidecar_huge_pages"] is huge
+    args = ("--mix", "", "--inflight", "2", "--huge-pages", pages, "--compiled", "off")
+    (row,) = cli("sidecar-bench", *TINY, *args)
+    assert row["sidecar_huge_pages"] is huge and row["compiled"] is False
     assert row["case"] == "64KiB" and row["requests"] == 24 and row["inflight"] == 2
     assert row["bytes"] % 24 == 0 and row["bytes"] >= 24 * (64 << 10)  # at least a page per request
     for key in ("direct_gbps", "sidecar_gbps", "presend_gbps", "api_us"):

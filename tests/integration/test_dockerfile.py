@@ -109,6 +109,14 @@ def test_extras_are_the_ones_ci_installs() -> None:
     assert {"agent"} <= ci_extras, ci_extras
 
 
+def test_agent_image_builds_its_native_parts_into_the_installed_package() -> None:
+    """The posting thread and the compiled per-room modules (what CI's second agent pass runs)."""
+    runs = _runs("agent")
+    for step in ("python -P -m dataplane.transports.native", "python -P -m dataplane.compiled --in-place"):
+        assert step in runs, step
+    assert re.search(r"apt-get install [^&]*\bgcc=\S+ [^&]*\bg\+\+=\S+", runs), runs
+
+
 def test_operator_target_carries_no_engine() -> None:
     assert "build-agent" not in {s.name for s in chain(STAGES, "operator")}
     assert not [c for c in pip_installs(_runs("operator")) if any(e in c for e in ENGINES)]

@@ -1,0 +1,209 @@
+"""The agent's per-room modules compiled with mypyc: the same typed Python, built as C extensions.
+
+Why: with rooms of a few KiB, the role workers' Python is what bounds the agent — ~20 steps of a few µs
+each, no single one worth a rewrite (docs/benchmarks.md, sessions 13 to 15). mypyc compiles the modules
+those steps live in from their type annotations (the ones mypy already checks in CI), so the whole
+room path runs as C without a second implementation to keep in step. The rest of the package (set-up,
+HTTP, the local API, the engines' adapters other than NIXL's) stays interpreted.
+
+How it is used. Two ways, one list (``MODULES``):
+
+- **A compiled copy** of the package, for agents started from a checkout (``AgentProcess``: the demo,
+  the benchmarks, the tests): every source file of ``dataplane/`` copied, the modules of ``MODULES``
+  compiled beside them, in a folder named for the hash of the sources, mypy's version and the
+  interpreter's ABI — an edited source is a new folder, never a stale extension. ``PDPAIR_COMPILED``
+  says whether the launcher puts that folder first on an agent's ``PYTHONPATH``: ``auto`` (default)
+  when it is already built, ``on`` building it first (~1 min on two cores; an error if it cannot),
+  ``off`` never. Build it with ``python -P -m dataplane.compiled``.
+- **In place** (``--in-place``), for images: the installed package's modules are compiled where they
+  are, so ``pdpair-agent`` in a pod always runs them (the Dockerfile does this).
+
+Compiled classes are native: their attributes are the declared ones, their methods cannot be
+replaced at run time, and annotations are checked at run time (a wrong type is a ``TypeError``); so
+instrumentation that patches methods (``bench/room_trace.py``) runs the interpreted modules. The
+folder: ``$PDPAIR_COMPILED_DIR``, else ``~/.cache/pdpair/compiled``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+ENV = "PDPAIR_COMPILED"
+MODES = ("auto", "on", "off")
+PACKAGE = Path(__file__).resolve().parents[1]
+"""The ``dataplane`` package these sources belong to."""
+
+MODULES = (
+    "dataplane/agent/control.py",
+    "dataplane/agent/decode.py",
+    "dataplane/agent/lanes.py",
+    "dataplane/agent/metrics.py",
+    "dataplane/agent/pools.py",
+    "dataplane/agent/prefill.py",
+    "dataplane/agent/requests.py",
+    "dataplane/agent/roles.py",
+    "dataplane/agent/rooms.py",
+    "dataplane/agent/stats.py",
+    "dataplane/codec/frames.py",
+    "dataplane/codec/ints.py",
+    "dataplane/planner/assemble.py",
+    "dataplane/planner/shape.py",
+    "dataplane/transports/base.py",
+    "dataplane/transports/blocks.py",
+    "dataplane/transports/nixl.py",
+)
+"""The room path: the role workers and what they call per room. Classes that interpreted code
+subclasses (the sidecar's workers, the other transports' adapters, tests) carry
+``@mypyc_attr(allow_interpreted_subclasses=True)``. Not here: modules defining msgspec Structs (mypyc
+drops their class keywords, e.g. ``tag``), ``planner/plan.py`` (``WritePlan.trusted`` makes instances
+without ``__init__``)."""
+
+MYPY_CONFIG = "[mypy]\nignore_missing_imports = True\ncheck_untyped_defs = True\n"
+BUILD_TIMEOUT = 1800.0
+
+
+class CompileUnavailable(Exception):
+    """The compiled modules cannot be built here; the message says why."""
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise CompileUnavailable(f"{ENV}={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+def digest(package: Path = PACKAGE) -> str:
+    """What a compiled copy depends on: every source file of the package, the module list, mypy's
+    version, the interpreter's extension ABI."""
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update("\n".join(MODULES).encode())
+    h.update(_mypy_version().encode())
+    h.update(str(sysconfig.get_config_var("SOABI")).encode())
+    return h.hexdigest()[:16]
+
+
+def _mypy_version() -> str:
+    try:
+        return importlib.metadata.version("mypy")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("PDPAIR_COMPILED_DIR")
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "pdpair" / "compiled"
+
+
+def location(package: Path = PACKAGE) -> Path:
+    """Where the compiled copy of these sources is (or would be): a folder holding ``dataplane/``."""
+    return cache_dir() / f"pdpair-{digest(package)}"
+
+
+def built(package: Path = PACKAGE) -> Path | None:
+    root = location(package)
+    return root if (root / ".complete").is_file() else None
+
+
+def build(package: Path = PACKAGE) -> Path:
+    """The compiled copy of these sources, built first if needed; raises ``CompileUnavailable``."""
+    done = built(package)
+    if done is not None:
+        return done
+    root = location(package)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".building-", dir=root.parent))
+    try:
+        shutil.copytree(package, work / "dataplane", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        _mypyc(work)
+        (work / ".complete").write_text(digest(package) + "\n")
+        try:
+            work.rename(root)
+        except OSError:
+            if built(package) is None:  # not a concurrent build that got there first
+                raise
+        return root
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def build_in_place(site: Path) -> None:
+    """Compile ``MODULES`` of the package installed under ``site`` where they are (images)."""
+    if not (site / "dataplane" / "__init__.py").is_file():
+        raise CompileUnavailable(f"no dataplane package under {site}")
+    _mypyc(site)
+
+
+def _mypyc(root: Path) -> None:
+    """Run mypyc on ``MODULES`` below ``root`` (extensions land beside their sources)."""
+    compiler = sysconfig.get_config_var("CC") or "cc"
+    if shutil.which(str(compiler).split()[0]) is None:
+        raise CompileUnavailable(f"no C compiler ({compiler}) to build the compiled modules")
+    include = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not include.is_file():
+        raise CompileUnavailable(f"no Python headers ({include}) to build the compiled modules")
+    config = root / ".pdpair-mypyc.ini"
+    config.write_text(MYPY_CONFIG)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", ENV)}
+    cmd = [sys.executable, "-m", "mypyc", "--config-file", config.name, *MODULES]
+    try:
+        run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CompileUnavailable(f"mypyc: {exc}") from exc
+    finally:
+        config.unlink(missing_ok=True)
+        shutil.rmtree(root / "build", ignore_errors=True)
+        shutil.rmtree(root / ".mypy_cache", ignore_errors=True)
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-20:])
+        raise CompileUnavailable(f"mypyc failed ({run.returncode}):\n{tail}")
+
+
+def active() -> bool:
+    """Whether this process runs the compiled room path (its role workers' module is an extension)."""
+    module = sys.modules.get("dataplane.agent.roles")
+    file = str(getattr(module, "__file__", "") or "")
+    return file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def pythonpath(wanted: str | None = None) -> Path | None:
+    """The folder to put first on an agent's ``PYTHONPATH`` for ``wanted`` (default: ``PDPAIR_COMPILED``);
+    None: run the interpreted modules."""
+    wanted = wanted or mode()
+    if wanted == "off":
+        return None
+    if wanted == "auto":
+        return built()
+    return build()
+
+
+def choose(wanted: str) -> bool:
+    """For a command that starts agents (the benchmarks): the agents it starts run ``wanted`` (``on``:
+    built first); whether they run compiled. Raises ``CompileUnavailable`` for ``on`` where it cannot."""
+    if wanted not in MODES:
+        raise CompileUnavailable(f"compiled: {wanted!r}, expected one of {', '.join(MODES)}")
+    path = pythonpath(wanted)
+    os.environ[ENV] = wanted
+    return path is not None
+
+
+__all__ = [
+    "ENV", "MODULES", "CompileUnavailable", "active", "build", "build_in_place", "built", "choose",
+    "pythonpath",
+]

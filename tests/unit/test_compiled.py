@@ -1,0 +1,78 @@
+"""The compiled copy's bookkeeping (dataplane/compiled): what names a copy, which copy an agent gets, and
+the clear refusals. Building and running it: tests/integration/test_compiled_agents.py."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dataplane import compiled
+from dataplane.compiled import CompileUnavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    copy = tmp_path / "src" / "dataplane"
+    shutil.copytree(compiled.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "_build"))
+    return copy
+
+
+def test_every_listed_module_exists_and_is_checked_by_mypy() -> None:
+    for module in compiled.MODULES:
+        assert (ROOT / module).is_file(), module
+    assert len(set(compiled.MODULES)) == len(compiled.MODULES)
+
+
+def test_an_edited_source_names_a_new_copy(package: Path) -> None:
+    before = compiled.digest(package)
+    assert compiled.digest(package) == before
+    (package / "__pycache__").mkdir(exist_ok=True)
+    (package / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"ignored")
+    assert compiled.digest(package) == before
+    target = package / "agent" / "rooms.py"
+    target.write_text(target.read_text() + "\n# edited\n")
+    assert compiled.digest(package) != before
+
+
+def test_modes_and_where_agents_look(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, package: Path) -> None:
+    monkeypatch.setenv("PDPAIR_COMPILED_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(compiled.ENV, "off")
+    assert compiled.pythonpath() is None
+    assert compiled.pythonpath("auto") is None  # nothing built in this cache: interpreted, no build
+    assert compiled.built(package) is None
+    root = compiled.location(package)
+    (root / "dataplane").mkdir(parents=True)
+    assert compiled.built(package) is None  # a copy is only used once its build completed
+    (root / ".complete").write_text("x\n")
+    assert compiled.built(package) == root
+    monkeypatch.setenv(compiled.ENV, "sometimes")
+    with pytest.raises(CompileUnavailable, match="PDPAIR_COMPILED='sometimes'"):
+        compiled.mode()
+    with pytest.raises(CompileUnavailable, match="expected one of auto, on, off"):
+        compiled.choose("always")
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    real = compiled.sysconfig.get_config_var
+    monkeypatch.setattr(
+        compiled.sysconfig, "get_config_var", lambda name: "/nonexistent/cc" if name == "CC" else real(name)
+    )
+    with pytest.raises(CompileUnavailable, match=r"no C compiler \(/nonexistent/cc\)"):
+        compiled._mypyc(tmp_path)
+
+
+def test_in_place_refuses_a_checkout_and_a_folder_without_the_package(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "dataplane.compiled", "--in-place"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1 and "is a checkout" in run.stderr
+    assert not list((ROOT / "dataplane" / "agent").glob("*.so"))
+    with pytest.raises(CompileUnavailable, match="no dataplane package"):
+        compiled.build_in_place(tmp_path)
