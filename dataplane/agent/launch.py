@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from ..compiled import pythonpath as compiled_pythonpath
+from ..compiled import child as compiled_child
 from ..config import AgentConfig
 from ..errors import PDPairError
 from .http import get_json
@@ -117,13 +117,7 @@ class AgentProcess:
             "json",
         ]
         child_env = {**os.environ, **(env or {})}
-        compiled = compiled_pythonpath()
-        if compiled is not None:  # the compiled copy of the package before anything else (-P: not the cwd)
-            cmd.insert(1, "-P")
-            child_env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(compiled), child_env.get("PYTHONPATH")) if p
-            )
-        self.compiled = compiled is not None
+        self.compiled = compiled_child(cmd, child_env)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env)
         self.ports: dict[str, Any] = {}

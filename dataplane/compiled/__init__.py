@@ -8,13 +8,13 @@ HTTP, the local API, the engines' adapters other than NIXL's) stays interpreted.
 
 How it is used. Two ways, one list (``MODULES``):
 
-- **A compiled copy** of the package, for agents started from a checkout (``AgentProcess``: the demo,
-  the benchmarks, the tests): every source file of ``dataplane/`` copied, the modules of ``MODULES``
-  compiled beside them, in a folder named for the hash of the sources, mypy's version and the
-  interpreter's ABI — an edited source is a new folder, never a stale extension. ``PDPAIR_COMPILED``
-  says whether the launcher puts that folder first on an agent's ``PYTHONPATH``: ``auto`` (default)
-  when it is already built, ``on`` building it first (~1 min on two cores; an error if it cannot),
-  ``off`` never. Build it with ``python -P -m dataplane.compiled``.
+- **A compiled copy** of the package, for agents (and engines) started from a checkout
+  (``AgentProcess``, ``EngineProcess``: the demo, the benchmarks, the tests): every source file of
+  ``dataplane/`` copied, the modules of ``MODULES`` compiled beside them, in a folder named for the
+  hash of the sources, mypy's version and the interpreter's ABI — an edited source is a new folder,
+  never a stale extension. ``PDPAIR_COMPILED`` says whether the launchers put that folder first on a
+  child's ``PYTHONPATH``: ``auto`` (default) when it is already built, ``on`` building it first (~1 min
+  on two cores; an error if it cannot), ``off`` never. Build it with ``python -P -m dataplane.compiled``.
 - **In place** (``--in-place``), for images: the installed package's modules are compiled where they
   are, so ``pdpair-agent`` in a pod always runs them (the Dockerfile does this).
 
@@ -198,6 +198,18 @@ def pythonpath(wanted: str | None = None) -> Path | None:
     return build()
 
 
+def child(cmd: list[str], env: dict[str, str]) -> bool:
+    """Make ``cmd`` (``[python, ...]``) and its ``env`` run the compiled copy when ``PDPAIR_COMPILED``
+    wants it: the copy first on ``PYTHONPATH``, and ``-P`` so that the working directory (a checkout's
+    own ``dataplane/``) does not come before it. Whether it will."""
+    root = pythonpath()
+    if root is None:
+        return False
+    cmd.insert(1, "-P")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    return True
+
+
 def choose(wanted: str) -> bool:
     """For a command that starts agents (the benchmarks): the agents it starts run ``wanted`` (``on``:
     built first); whether they run compiled. Raises ``CompileUnavailable`` for ``on`` where it cannot."""
@@ -209,6 +221,6 @@ def choose(wanted: str) -> bool:
 
 
 __all__ = [
-    "ENV", "MODULES", "CompileUnavailable", "active", "build", "build_in_place", "built", "choose",
+    "ENV", "MODULES", "CompileUnavailable", "active", "build", "build_in_place", "built", "child", "choose",
     "pythonpath",
 ]

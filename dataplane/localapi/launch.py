@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from ..agent.launch import AgentProcess, loopback_pair, stop_process, tail
+from ..compiled import child as compiled_child
 from ..config import AgentConfig, EngineConfig, LocalApiConfig
 from ..errors import PDPairError
 
@@ -42,8 +43,10 @@ class EngineProcess:
             sys.executable, "-m", "dataplane.cli", "engine", "--role", cfg.role,
             "--config", str(self.config_path), "--report", str(self.report_path), *args,
         ]
+        env = dict(os.environ)
+        self.compiled = compiled_child(cmd, env)  # the client library, as an engine's image may install it
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def report(self) -> dict[str, Any]:
         try:
