@@ -74,6 +74,8 @@ MYPY_CONFIG = (
 """The engines' and GPU libraries' own types are not followed: the room path calls them as ``Any`` (their
 annotations cost minutes to analyse where torch is installed, and typing them adds no speed)."""
 BUILD_TIMEOUT = 1800.0
+KEEP = 4
+"""Compiled copies kept in the cache (~5 MB each)."""
 
 
 class CompileUnavailable(Exception):
@@ -143,9 +145,17 @@ def build(package: Path = PACKAGE) -> Path:
         except OSError:
             if built(package) is None:  # not a concurrent build that got there first
                 raise
+        prune(root.parent, keep=KEEP)
         return root
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Keep the ``keep`` newest copies (a checkout being edited makes a new one per build)."""
+    copies = sorted(folder.glob("pdpair-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in copies[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def build_in_place(site: Path) -> None:

@@ -3,6 +3,7 @@ the clear refusals. Building and running it: tests/integration/test_compiled_age
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -76,3 +77,14 @@ def test_in_place_refuses_a_checkout_and_a_folder_without_the_package(tmp_path: 
     assert not list((ROOT / "dataplane" / "agent").glob("*.so"))
     with pytest.raises(CompileUnavailable, match="no dataplane package"):
         compiled.build_in_place(tmp_path)
+
+
+def test_old_copies_are_pruned_newest_kept(tmp_path: Path) -> None:
+    for i in range(6):
+        d = tmp_path / f"pdpair-{i:016x}"
+        d.mkdir()
+        os.utime(d, (1000 + i, 1000 + i))
+    (tmp_path / ".building-x").mkdir()  # a build under way is not a copy
+    compiled.prune(tmp_path, keep=4)
+    kept = [f"pdpair-{i:016x}" for i in range(2, 6)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".building-x", *kept]
