@@ -65,7 +65,8 @@ MODULES = (
 subclasses (the sidecar's workers, the other transports' adapters, tests) carry
 ``@mypyc_attr(allow_interpreted_subclasses=True)``. Not here: modules defining msgspec Structs (mypyc
 drops their class keywords, e.g. ``tag``), ``planner/plan.py`` (``WritePlan.trusted`` makes instances
-without ``__init__``)."""
+without ``__init__``), the local API (compiled, its server delivered each room state to the engine twice;
+docs/sidecar.md, session 15)."""
 
 MYPY_CONFIG = (
     "[mypy]\nignore_missing_imports = True\ncheck_untyped_defs = True\n"
