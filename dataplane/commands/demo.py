@@ -217,6 +217,10 @@ def report(
         "GB/s: component bytes over the time its writes were in flight; "
         "latency: prefill write start to completion."
     )
+    if all(getattr(a, "compiled", False) for a in agents):
+        print("Agents' room path: compiled (mypyc).")
+    else:
+        print("Agents' room path: interpreted (`python -P -m dataplane.compiled` builds it: PDPAIR_COMPILED)")
     print("Metrics endpoints (Prometheus text, per component; live while the agents run, see --hold):")
     for a in agents:
         print(f"  {a.tag:<10} {a.url}/metrics   {a.url}/status")
