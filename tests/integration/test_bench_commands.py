@@ -90,3 +90,17 @@ def test_room_trace_times_every_step_of_one_room() -> None:
     assert whole >= steps["prefill: the engine's post"]["p50_us"] > 0 and out["agent_p50_us"] > 0
     bad = subprocess.run([*script, "--requests", "5"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--requests must be at least 20" in bad.stderr
+
+
+def test_agent_rate_measures_rooms_and_worker_cpu_per_window() -> None:
+    script = [sys.executable, str(ROOT / "bench" / "agent_rate.py")]
+    args = ["--size", "64K", "--inflight", "2", "--windows", "2", "--seconds", "0.5", "--compiled", "off"]
+    args.append("--json")
+    proc = subprocess.run([*script, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["compiled"] is False and len(out["windows"]) == 2
+    for w in out["windows"]:
+        assert w["rooms_per_second"] > 0 and w["prefill_worker_cpu_us"] > 0 and w["decode_worker_cpu_us"] > 0
+    rates = [w["rooms_per_second"] for w in out["windows"]]
+    assert out["rooms_per_second"] == pytest.approx(sum(rates) / 2)  # the median of two windows
