@@ -117,11 +117,13 @@ class _Connection:
                 raise BrokenPipeError("engine connection closed")
             while data:
                 try:
-                    data = data[self.sock.send(data, socket.MSG_DONTWAIT) :]
+                    sent = self.sock.send(data, socket.MSG_DONTWAIT)
                 except BlockingIOError:
                     left = deadline - time.monotonic()
                     if left <= 0 or not select.select([], [self.sock], [], left)[1]:
                         raise TimeoutError(f"engine not reading for {SEND_DEADLINE:.0f}s") from None
+                    continue
+                data = data[sent:]  # not data[send(...):]: mypyc evaluates such a bound twice
 
     def close(self) -> None:
         self.closed = True

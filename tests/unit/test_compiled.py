@@ -88,3 +88,22 @@ def test_old_copies_are_pruned_newest_kept(tmp_path: Path) -> None:
     compiled.prune(tmp_path, keep=4)
     kept = [f"pdpair-{i:016x}" for i in range(2, 6)]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".building-x", *kept]
+
+
+def test_no_compiled_slice_bound_calls_anything_but_len() -> None:
+    """mypyc 2.4.1 evaluates a slice's bound twice when the sliced object is not one of its own sequence
+    types (a memoryview, ``Any``): ``data[sock.send(data):]`` sent every frame twice (session 15, the
+    local API's write loop). A bound in a compiled module is a name, a constant or arithmetic on them
+    and ``len``."""
+    import ast
+
+    found = []
+    for module in compiled.MODULES:
+        for node in ast.walk(ast.parse((ROOT / module).read_text())):
+            if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice)):
+                continue
+            for bound in (node.slice.lower, node.slice.upper, node.slice.step):
+                calls = [c for c in ast.walk(bound) if isinstance(c, ast.Call)] if bound is not None else []
+                if any(not (isinstance(c.func, ast.Name) and c.func.id == "len") for c in calls):
+                    found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
