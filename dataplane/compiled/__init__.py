@@ -4,7 +4,7 @@ Why: with rooms of a few KiB, the role workers' Python is what bounds the agent 
 each, no single one worth a rewrite (docs/benchmarks.md, sessions 13 to 15). mypyc compiles the modules
 those steps live in from their type annotations (the ones mypy already checks in CI), so the whole
 room path runs as C without a second implementation to keep in step. The rest of the package (set-up,
-HTTP, the local API, the engines' adapters other than NIXL's) stays interpreted.
+HTTP, the local API's client and workers, the engines' adapters other than NIXL's) stays interpreted.
 
 How it is used. Two ways, one list (``MODULES``):
 
@@ -127,27 +127,35 @@ def location(package: Path = PACKAGE) -> Path:
     return cache_dir() / f"pdpair-{digest(package)}"
 
 
-def built(package: Path = PACKAGE) -> Path | None:
-    root = location(package)
+def _complete(root: Path) -> Path | None:
     return root if (root / ".complete").is_file() else None
+
+
+def built(package: Path = PACKAGE) -> Path | None:
+    return _complete(location(package))
+
+
+EXTENSIONS = tuple(f"*{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES if suffix != ".so")
+"""Python extension modules (a package compiled in place) are not copied; other libraries are — the
+native poster's (``transports/native/_build``), which an agent would otherwise rebuild at start-up."""
 
 
 def build(package: Path = PACKAGE) -> Path:
     """The compiled copy of these sources, built first if needed; raises ``CompileUnavailable``."""
-    done = built(package)
-    if done is not None:
-        return done
     root = location(package)
+    if _complete(root) is not None:
+        return root
     root.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".building-", dir=root.parent))
     try:
-        shutil.copytree(package, work / "dataplane", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        skip = shutil.ignore_patterns("__pycache__", *EXTENSIONS)
+        shutil.copytree(package, work / "dataplane", ignore=skip)
         _mypyc(work)
-        (work / ".complete").write_text(digest(package) + "\n")
+        (work / ".complete").write_text(root.name + "\n")
         try:
             work.rename(root)
         except OSError:
-            if built(package) is None:  # not a concurrent build that got there first
+            if _complete(root) is None:  # not a concurrent build that got there first
                 raise
         prune(root.parent, keep=KEEP)
         return root

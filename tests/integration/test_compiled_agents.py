@@ -24,6 +24,14 @@ def copy() -> Path:
     return compiled.build()
 
 
+def test_the_copy_keeps_the_native_posters_library(copy: Path) -> None:
+    """Built once per checkout (scripts/setup): an agent of the copy must not rebuild it at start-up."""
+    native = compiled.PACKAGE / "transports" / "native" / "_build"
+    libs = sorted(p.name for p in native.glob("libpdpair_nixl_poster-*.so"))
+    assert libs, "scripts/setup builds the native poster"
+    assert sorted(p.name for p in (copy / "dataplane/transports/native/_build").glob("*.so")) == libs
+
+
 def test_every_listed_module_is_an_extension_in_the_copy(copy: Path) -> None:
     names = [m.removesuffix(".py").replace("/", ".") for m in compiled.MODULES]
     probe = (
