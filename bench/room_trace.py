@@ -1,7 +1,7 @@
 """Where one room's time goes: ``bench transfer`` with one room in flight, timestamps around every step of
 both agents' workers, medians per step.
 
-    .venv/bin/python bench/room_trace.py [--size 4K] [--requests 3000] [--json]
+    .venv/bin/python bench/room_trace.py [--size 4K] [--requests 3000] [--spin-us 0] [--json]
 
 Runs ``pdpair-agent bench transfer --sizes SIZE --mix= --inflight 1`` with the hooks of
 ``bench/room_trace_hooks/`` on the agents' ``PYTHONPATH`` (instrumentation: it wraps the workers'
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="4K", help="block size of the rooms (bench transfer's --sizes)")
     p.add_argument("--requests", type=int, default=3000, help="rooms (at least 20)")
+    p.add_argument("--spin-us", type=int, default=0, help="the agents' transfer.spinMicroseconds (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     if args.requests < 20:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [
             sys.executable, "-m", "dataplane.cli", "bench", "transfer", "--sizes", args.size, "--mix=",
             "--inflight", "1", "--repeat", "1", "--max-requests", str(args.requests), "--compiled", "off",
-            "--case-bytes", str(1 << 40), "--json",
+            "--case-bytes", str(1 << 40), "--spin-us", str(args.spin_us), "--json",
         ]
         run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         if run.returncode != 0:

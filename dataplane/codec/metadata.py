@@ -18,37 +18,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 import numpy as np
-import numpy.typing as npt
 
 from ..errors import WireFormatError
 from .frames import GUARD, U64_MAX, check_frames, int_frame, parse_int, parse_str, str_frame
 from .ints import pack_array, pack_int_lists, unpack_array, unpack_int_lists
+from .messages import IndexArray, TransferMetadata
 
 MIN_METADATA_FRAMES = 7
 """sglang requires frames up to the aux index; later ones default."""
 I32_MAX = 2**31 - 1
-
-IndexArray = npt.NDArray[np.int32]
-
-
-class TransferMetadata(msgspec.Struct, frozen=True, kw_only=True, eq=False):
-    """sglang's ``TransferInfo``. Index arrays are numpy int32; ``dst_aux_index`` -1 means none.
-    Holding arrays, messages compare by identity: compare fields."""
-
-    room: int
-    endpoint: str
-    dst_port: int
-    engine_key: str
-    dst_kv_indices: IndexArray
-    dst_aux_index: int = -1
-    dst_state_indices: tuple[IndexArray, ...] = ()
-    """One array per component; sglang's ``None`` entries travel (and come back) as empty arrays."""
-    required_dst_info_num: int = 1
-    is_dummy: bool = False
-    decode_prefix_len: int | None = None
-
 
 _NO_STATE = np.empty(0, dtype=np.int32)
 _WIRE_I32 = np.dtype("<i4")

@@ -8,27 +8,14 @@ sockets) is IGNORED, returning the current status, not raised.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
-
-import msgspec
 
 from ..errors import WireFormatError
 from .frames import GUARD, check_frames, int_frame, parse_int
+from .messages import KVPoll, StatusMessage
 
 MAX_REASON_BYTES = 64 * 1024
 I32_MAX = 2**31 - 1
-
-
-class KVPoll(enum.IntEnum):
-    """sglang's ``KVPoll``; the integer values are on the wire."""
-
-    Failed = 0
-    Bootstrapping = 1
-    WaitingForInput = 2
-    Transferring = 3
-    Success = 4
-
 
 TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})
 _STATUS_FRAMES = {state: b"%d" % state for state in KVPoll}
@@ -42,13 +29,6 @@ def advance(current: KVPoll, new: KVPoll) -> KVPoll:
     if current == KVPoll.Failed or new == KVPoll.Failed:
         return KVPoll.Failed
     return new if new > current else current
-
-
-class StatusMessage(msgspec.Struct, frozen=True, kw_only=True):
-    room: int
-    status: KVPoll
-    prefill_rank: int
-    failure_reason: str | None = None
 
 
 def encode_status(msg: StatusMessage) -> list[bytes]:

@@ -55,9 +55,12 @@ MODULES = (
     "dataplane/agent/stats.py",
     "dataplane/codec/frames.py",
     "dataplane/codec/ints.py",
+    "dataplane/codec/metadata.py",
+    "dataplane/codec/status.py",
     "dataplane/localapi/link.py",
     "dataplane/localapi/server.py",
     "dataplane/planner/assemble.py",
+    "dataplane/planner/request.py",
     "dataplane/planner/shape.py",
     "dataplane/transports/base.py",
     "dataplane/transports/blocks.py",
@@ -66,7 +69,8 @@ MODULES = (
 """The room path: the role workers and what they call per room, and the local API's agent side.
 Classes that interpreted code subclasses (the sidecar's workers, the other transports' adapters, tests)
 carry ``@mypyc_attr(allow_interpreted_subclasses=True)``. Not here: modules defining msgspec Structs (mypyc
-drops their class keywords, e.g. ``tag``), ``planner/plan.py`` (``WritePlan.trusted`` makes instances
+drops their class keywords, e.g. ``tag``; the sglang messages' Structs live in ``codec/messages.py`` so
+that their codecs compile), ``planner/plan.py`` (``WritePlan.trusted`` makes instances
 without ``__init__``), the local API's client (the engine's side) and workers (their mixin is not one
 mypyc compiles). mypyc 2.4.1 evaluates a slice bound twice on a memoryview or ``Any``, so slice bounds
 in these modules call nothing but ``len`` (``tests/unit/test_compiled.py`` checks)."""

@@ -278,3 +278,34 @@ def test_corked_sends_leave_together_in_order_on_uncork(pair):
     assert pump(b, 5) == messages
     assert pushers.send(B_ADDR, [b"after"]) is True and not lane.out  # uncorked: written at once
     assert pump(b, 1) == [[b"after"]]
+
+
+@pytest.mark.parametrize("setsize", [1024, 0], ids=["select", "poll"])
+def test_inbox_spin_ends_at_its_deadline_or_when_a_message_is_there(monkeypatch, setsize):
+    from dataplane.agent import control
+
+    monkeypatch.setattr(control, "FD_SETSIZE", setsize)
+    ctx = zmq.Context()
+    la, lb = Lanes("127.0.0.1", 0, MAX), Lanes("127.0.0.1", 0, MAX)
+    inbox_a, inbox_b = Inbox(ctx, "127.0.0.1", 0, la), Inbox(ctx, "127.0.0.1", 0, lb)
+    push_a, push_b = Pushers(ctx, la), Pushers(ctx, lb)
+    a_addr, b_addr = f"tcp://127.0.0.1:{inbox_a.port}", f"tcp://127.0.0.1:{inbox_b.port}"
+    try:
+        start = time.monotonic()
+        inbox_a.spin(start + 0.02)
+        assert 0.02 <= time.monotonic() - start < 1.0
+        push_b.send(a_addr, [b"over zmq"])
+        start = time.monotonic()
+        inbox_a.spin(start + 5.0)  # may end on ZMQ's own traffic (a connect) before the message
+        assert inbox_a.recv(2.0) == [b"over zmq"] and time.monotonic() - start < 4.0
+        lb.dial(a_addr, "127.0.0.1", la.port, la.invite(b_addr), b_addr)
+        push_b.send(a_addr, [b"lane up"])
+        assert inbox_a.recv(2.0) == [b"lane up"] and list(la.by_address) == [b_addr]
+        push_a.send(b_addr, [b"over the lane"])
+        start = time.monotonic()
+        inbox_b.spin(start + 5.0)
+        assert inbox_b.recv(2.0) == [b"over the lane"] and time.monotonic() - start < 4.0
+    finally:
+        for closer in (push_a.close, push_b.close, inbox_a.close, inbox_b.close):
+            closer()
+        ctx.destroy(linger=0)
