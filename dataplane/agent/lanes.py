@@ -46,6 +46,8 @@ HELLO_TIMEOUT = 5.0
 READ_CHUNK = 256 * 1024
 T = TypeVar("T")
 _HEAD = struct.Struct("<II")
+_LENS = [struct.Struct(f"<{n}I") for n in range(MAX_FRAMES + 1)]
+"""The frame-length table of an ``n``-frame message, compiled once per ``n``."""
 
 
 class LaneError(Exception):
@@ -61,37 +63,54 @@ def pack(frames: list[bytes]) -> bytes:
 
 class FrameReader:
     """Reassembles messages from a byte stream; refuses sizes above ``max_message`` (above
-    ``first_max`` for the first message: an accepted lane's hello, before anyone knows the peer)."""
+    ``first_max`` for the first message: an accepted lane's hello, before anyone knows the peer).
+
+    A read that holds whole messages (the usual case: control messages are small) is parsed as it
+    came, each frame one slice of it; the tail of a message still arriving waits in ``buf`` and is
+    only parsed again once ``need`` bytes are there, so a large message costs one copy, not one per
+    read."""
 
     def __init__(self, max_message: int, first_max: int | None = None):
         self.buf = bytearray()
+        self.need = 0
+        """Bytes ``buf`` must hold before it is worth parsing (the pending message's header, or all of it)."""
         self.max_message = max_message
         self.first_max = first_max
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         buf = self.buf
-        buf += data
-        out, at = [], 0
-        while len(buf) - at >= 8:
-            size, n = _HEAD.unpack_from(buf, at)
+        if buf:
+            buf += data
+            if len(buf) < self.need:
+                return []
+            src = bytes(buf)
+            buf.clear()
+        else:
+            src = bytes(data)
+        out: list[list[bytes]] = []
+        at, end, need = 0, len(src), _HEAD.size
+        while end - at >= _HEAD.size:
+            size, n = _HEAD.unpack_from(src, at)
             limit = self.max_message if self.first_max is None else self.first_max
             if size > limit or n > MAX_FRAMES or size < 4 + 4 * n:
                 raise LaneError(f"bad lane message: {size} bytes, {n} frames")
-            if len(buf) - at < 4 + size:
+            if end - at < 4 + size:
+                need = 4 + size
                 break
-            lens = struct.unpack_from(f"<{n}I", buf, at + 8)
+            lens = _LENS[n].unpack_from(src, at + 8)
             if sum(lens) != size - 4 - 4 * n:
                 raise LaneError(f"bad lane message: frame lengths {sum(lens)} ≠ {size - 4 - 4 * n}")
             pos = at + 8 + 4 * n
             frames = []
             for ln in lens:
-                frames.append(bytes(buf[pos : pos + ln]))
+                frames.append(src[pos : pos + ln])
                 pos += ln
             out.append(frames)
             self.first_max = None
             at = pos
-        if at:
-            del buf[:at]
+        if at < end:
+            buf += src[at:]
+            self.need = need
         return out
 
 

@@ -20,6 +20,8 @@ I32_MAX = 2**31 - 1
 TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})
 _STATUS_FRAMES = {state: b"%d" % state for state in KVPoll}
 """Each status's frame 2, made once: every room sends one, and ``KVPoll(x)`` is a Python call."""
+_BY_CODE = tuple(sorted(KVPoll))
+"""The members by wire code (0..4): indexing it is what ``KVPoll(code)`` does, without the enum's call."""
 
 
 def advance(current: KVPoll, new: KVPoll) -> KVPoll:
@@ -54,7 +56,7 @@ def _status_frame(status: KVPoll) -> bytes:
 def decode_status(frames: Sequence[bytes]) -> StatusMessage:
     """Parse untrusted frames; an unknown status code or non-UTF-8 reason is a ``WireFormatError``."""
     f = check_frames(frames, kind="status", min_frames=4)
-    code = parse_int(f[2], field="status", hi=max(KVPoll))
+    code = parse_int(f[2], field="status", hi=len(_BY_CODE) - 1)
     reason_frame = f[4] if len(f) > 4 else b""
     if len(reason_frame) > MAX_REASON_BYTES:
         raise WireFormatError(
@@ -68,7 +70,7 @@ def decode_status(frames: Sequence[bytes]) -> StatusMessage:
         ) from None
     return StatusMessage(
         room=parse_int(f[1], field="room"),
-        status=KVPoll(code),
+        status=_BY_CODE[code],
         prefill_rank=parse_int(f[3], field="prefill_rank", hi=I32_MAX),
         failure_reason=reason,
     )
