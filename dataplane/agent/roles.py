@@ -10,8 +10,10 @@ spinning on the GIL. The pauses wait on the inbox (``Inbox.wait``), so a message
 — the next room's metadata, say — is handled at once rather than after up to ``PAUSE_MAX``.
 With ``transfer.spinMicroseconds`` the loop neither blocks nor pauses for that long after each message
 received or sent: the reply to a room's metadata, or a small write's completion, is then seen without
-a thread wake-up. With nothing in flight it spins in ``Inbox.spin`` (a readiness check per µs, not a
-whole turn), so the next message is picked up within a microsecond or two of its arrival.
+a thread wake-up. It spins in ``Inbox.spin`` (a readiness check per µs, not a whole turn), so the next
+message is picked up within a microsecond or two of its arrival; running transfers are still polled
+every pause, not every check (a busier poll slowed 4 KiB rooms, eight in flight, from 0.091 to 0.056
+GB/s on the 16-core host: each poll drives the engine's progress, against its own thread).
 """
 
 from __future__ import annotations
@@ -179,9 +181,12 @@ class RoleWorker(abc.ABC):
                 inflight = len(self.rooms)
                 self.metrics.set_inflight(inflight)
             spinning = spin > 0 and now - max(active, self.pushers.last_send) < spin
-            if running and not spinning:
+            if running:
                 pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
-                self.inbox.wait(pause)
+                if spinning:  # the engine is polled no more often than asleep: each poll drives its progress
+                    self.inbox.spin(now + pause)
+                else:
+                    self.inbox.wait(pause)
         self.shutdown()
 
     def together(self, n: int) -> contextlib.AbstractContextManager[None]:
