@@ -12,8 +12,9 @@ With ``transfer.spinMicroseconds`` the loop neither blocks nor pauses for that l
 received or sent: the reply to a room's metadata, or a small write's completion, is then seen without
 a thread wake-up. It spins in ``Inbox.spin`` (a readiness check per µs, not a whole turn), so the next
 message is picked up within a microsecond or two of its arrival; running transfers are still polled
-every pause, not every check (a busier poll slowed 4 KiB rooms, eight in flight, from 0.091 to 0.056
-GB/s on the 16-core host: each poll drives the engine's progress, against its own thread).
+every pause, not every check (each poll drives the engine's progress). Off by default: on the 16-core
+benchmark hosts spinning took from nothing to 90 µs off a 4 KiB room one at a time and cost throughput
+with rooms in flight (1 MiB, eight in flight: 7.2 → 4.2 GB/s with 200 µs; docs/benchmarks.md, session 16).
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ class RoleWorker(abc.ABC):
             spinning = spin > 0 and now - max(active, self.pushers.last_send) < spin
             if running:
                 pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
-                if spinning:  # the engine is polled no more often than asleep: each poll drives its progress
+                if spinning:  # the engine is polled no more often than when asleep
                     self.inbox.spin(now + pause)
                 else:
                     self.inbox.wait(pause)
