@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import dataclass
 
 import pytest
 import zmq
@@ -143,29 +144,44 @@ def test_a_closed_peer_breaks_the_lane(pair):
     assert A_ADDR not in b.by_address and b.fallbacks == 1
 
 
-def test_inbox_reads_lanes_beside_zmq_and_pushers_prefer_the_lane():
+@dataclass
+class Side:
+    lanes: Lanes
+    inbox: Inbox
+    push: Pushers
+    address: str
+
+
+@pytest.fixture
+def two_inboxes():
+    """Two agents' inboxes and pushers on 127.0.0.1, each with its lanes (none dialled yet)."""
     ctx = zmq.Context()
-    la, lb = Lanes("127.0.0.1", 0, MAX), Lanes("127.0.0.1", 0, MAX)
-    inbox_a, inbox_b = Inbox(ctx, "127.0.0.1", 0, la), Inbox(ctx, "127.0.0.1", 0, lb)
-    push_a, push_b = Pushers(ctx, la), Pushers(ctx, lb)
-    a_addr, b_addr = f"tcp://127.0.0.1:{inbox_a.port}", f"tcp://127.0.0.1:{inbox_b.port}"
-    try:
-        push_b.send(a_addr, [b"over zmq"])
-        assert inbox_a.recv(2.0) == [b"over zmq"]
-        lb.dial(a_addr, "127.0.0.1", la.port, la.invite(b_addr), b_addr)
-        push_b.send(a_addr, [b"over the lane", b"2"])
-        start = time.monotonic()
-        inbox_a.wait(2.0)
-        got = inbox_a.recv(2.0)
-        assert got == [b"over the lane", b"2"] and time.monotonic() - start < 2.0
-        assert list(la.by_address) == [b_addr]
-        push_a.send(b_addr, [b"reply"])
-        assert inbox_b.recv(2.0) == [b"reply"]
-        assert push_b.dropped == 0
-    finally:
-        for closer in (push_a.close, push_b.close, inbox_a.close, inbox_b.close):
-            closer()
-        ctx.destroy(linger=0)
+    sides = []
+    for _ in range(2):
+        lanes = Lanes("127.0.0.1", 0, MAX)
+        inbox = Inbox(ctx, "127.0.0.1", 0, lanes)
+        sides.append(Side(lanes, inbox, Pushers(ctx, lanes), f"tcp://127.0.0.1:{inbox.port}"))
+    yield sides
+    for side in sides:
+        side.push.close()
+        side.inbox.close()
+    ctx.destroy(linger=0)
+
+
+def test_inbox_reads_lanes_beside_zmq_and_pushers_prefer_the_lane(two_inboxes):
+    a, b = two_inboxes
+    b.push.send(a.address, [b"over zmq"])
+    assert a.inbox.recv(2.0) == [b"over zmq"]
+    b.lanes.dial(a.address, "127.0.0.1", a.lanes.port, a.lanes.invite(b.address), b.address)
+    b.push.send(a.address, [b"over the lane", b"2"])
+    start = time.monotonic()
+    a.inbox.wait(2.0)
+    got = a.inbox.recv(2.0)
+    assert got == [b"over the lane", b"2"] and time.monotonic() - start < 2.0
+    assert list(a.lanes.by_address) == [b.address]
+    a.push.send(b.address, [b"reply"])
+    assert b.inbox.recv(2.0) == [b"reply"]
+    assert b.push.dropped == 0
 
 
 def _full_listener() -> tuple[socket.socket, list[socket.socket]]:
@@ -281,31 +297,22 @@ def test_corked_sends_leave_together_in_order_on_uncork(pair):
 
 
 @pytest.mark.parametrize("setsize", [1024, 0], ids=["select", "poll"])
-def test_inbox_spin_ends_at_its_deadline_or_when_a_message_is_there(monkeypatch, setsize):
+def test_inbox_spin_ends_at_its_deadline_or_when_a_message_is_there(monkeypatch, setsize, two_inboxes):
     from dataplane.agent import control
 
     monkeypatch.setattr(control, "FD_SETSIZE", setsize)
-    ctx = zmq.Context()
-    la, lb = Lanes("127.0.0.1", 0, MAX), Lanes("127.0.0.1", 0, MAX)
-    inbox_a, inbox_b = Inbox(ctx, "127.0.0.1", 0, la), Inbox(ctx, "127.0.0.1", 0, lb)
-    push_a, push_b = Pushers(ctx, la), Pushers(ctx, lb)
-    a_addr, b_addr = f"tcp://127.0.0.1:{inbox_a.port}", f"tcp://127.0.0.1:{inbox_b.port}"
-    try:
-        start = time.monotonic()
-        inbox_a.spin(start + 0.02)
-        assert 0.02 <= time.monotonic() - start < 1.0
-        push_b.send(a_addr, [b"over zmq"])
-        start = time.monotonic()
-        inbox_a.spin(start + 5.0)  # may end on ZMQ's own traffic (a connect) before the message
-        assert inbox_a.recv(2.0) == [b"over zmq"] and time.monotonic() - start < 4.0
-        lb.dial(a_addr, "127.0.0.1", la.port, la.invite(b_addr), b_addr)
-        push_b.send(a_addr, [b"lane up"])
-        assert inbox_a.recv(2.0) == [b"lane up"] and list(la.by_address) == [b_addr]
-        push_a.send(b_addr, [b"over the lane"])
-        start = time.monotonic()
-        inbox_b.spin(start + 5.0)
-        assert inbox_b.recv(2.0) == [b"over the lane"] and time.monotonic() - start < 4.0
-    finally:
-        for closer in (push_a.close, push_b.close, inbox_a.close, inbox_b.close):
-            closer()
-        ctx.destroy(linger=0)
+    a, b = two_inboxes
+    start = time.monotonic()
+    a.inbox.spin(start + 0.02)
+    assert 0.02 <= time.monotonic() - start < 1.0
+    b.push.send(a.address, [b"over zmq"])
+    start = time.monotonic()
+    a.inbox.spin(start + 5.0)  # may end on ZMQ's own traffic (a connect) before the message
+    assert a.inbox.recv(2.0) == [b"over zmq"] and time.monotonic() - start < 4.0
+    b.lanes.dial(a.address, "127.0.0.1", a.lanes.port, a.lanes.invite(b.address), b.address)
+    b.push.send(a.address, [b"lane up"])
+    assert a.inbox.recv(2.0) == [b"lane up"] and list(a.lanes.by_address) == [b.address]
+    a.push.send(b.address, [b"over the lane"])
+    start = time.monotonic()
+    b.inbox.spin(start + 5.0)
+    assert b.inbox.recv(2.0) == [b"over the lane"] and time.monotonic() - start < 4.0
