@@ -164,11 +164,13 @@ class Inbox:
         """Poll without sleeping until a descriptor turns ready (a message, or ZMQ's own traffic:
         the caller's ``recv`` then finds out which) or ``time.monotonic()`` reaches ``deadline``: one
         ``select`` of zero timeout per check (~1 µs), where a turn of the worker's loop costs tens.
+        A helper's hand-off ends it too (a spinning worker is not ``sleeping``: no ``WAKE`` frame comes).
         A thread that is not asleep needs no wake-up, and its peer's send wakes no one: on the
         16-core host a round trip over a lane takes 22-25 µs with both ends spinning, 71-73 with both
         asleep (``bench/control_floor.py``)."""
+        sock = self._sock
         for _ in range(SPIN_CHECKS):
-            if self._queued or self._sock.getsockopt(_EVENTS) & _POLLIN or self._ready(0.0):
+            if self.handed_over or self._queued or sock.getsockopt(_EVENTS) & _POLLIN or self._ready(0.0):
                 return
             if time.monotonic() >= deadline:
                 return

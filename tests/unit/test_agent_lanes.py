@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -316,3 +317,18 @@ def test_inbox_spin_ends_at_its_deadline_or_when_a_message_is_there(monkeypatch,
     start = time.monotonic()
     b.inbox.spin(start + 5.0)
     assert b.inbox.recv(2.0) == [b"over the lane"] and time.monotonic() - start < 4.0
+
+
+def test_inbox_spin_ends_at_a_helpers_hand_off(two_inboxes):
+    """A spinning worker is not asleep, so a hand-off sends no frame: the spin must see the flag."""
+    a, _ = two_inboxes
+    wake = a.inbox.waker()
+    timer = threading.Timer(0.05, wake)
+    start = time.monotonic()
+    timer.start()
+    try:
+        a.inbox.spin(start + 5.0)
+    finally:
+        timer.cancel()
+    assert 0.04 < time.monotonic() - start < 4.0 and a.inbox.handed_over
+    assert a.inbox.recv(0) is None and not a.inbox.handed_over
