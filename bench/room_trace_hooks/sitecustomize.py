@@ -5,7 +5,7 @@ Instrumentation, like a profiler's: it wraps methods of the agent in the benchma
 and never runs in a deployed agent. One clock for every process of a host (``time.perf_counter`` is
 CLOCK_MONOTONIC on Linux), so prefill's and decode's marks of one room line up. Marks per room id:
 decode ``D0a``/``D0b`` (around making and sending the metadata), ``D1``/``D2`` (around handling the
-status); prefill ``Pw`` (its last poll returned), ``P0`` (room started), ``Qa``/``Qb`` (plan),
+status); prefill ``Pw`` (its inbox's last wait returned), ``P0`` (room started), ``Qa``/``Qb`` (plan),
 ``Ra``/``Rb`` (engine requests), ``Wa``/``Wb`` (``write``), ``Xa``/``Xb`` (NIXL's post), ``P2``/``P3``
 (around ``finish``), ``Ps`` (its status about to be handed to the lane or ZMQ), ``P4`` (a corked status left).
 """
@@ -17,8 +17,7 @@ import time
 _OUT = os.environ.get("PDPAIR_ROOM_TRACE")
 
 if _OUT:
-    import zmq
-
+    import dataplane.agent.control as _control
     import dataplane.agent.decode as _decode
     import dataplane.agent.lanes as _lanes
     import dataplane.agent.prefill as _prefill
@@ -76,14 +75,14 @@ if _OUT:
 
     _decode.DecodeWorker.on_sglang = on_status
 
-    _poll = zmq.Poller.poll
+    _ready = _control.Inbox._ready
 
-    def poll(self, timeout=None):
-        events = _poll(self, timeout)
+    def ready(self, timeout):
+        fds = _ready(self, timeout)
         _state["polled"] = _now()
-        return events
+        return fds
 
-    zmq.Poller.poll = poll
+    _control.Inbox._ready = ready
 
     _start_room = _prefill.PrefillWorker.start_room
 
