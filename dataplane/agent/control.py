@@ -110,26 +110,22 @@ class Inbox:
         more per turn in Python, and a turn of a busy worker waits once per message."""
         deadline = time.monotonic() + timeout
         lanes, sock = self.lanes, self._sock
+        waited, woken = False, False
         for _ in range(1000):  # lane traffic that is not yet a whole message (a hello, a partial read)
             if self._queued:
                 return self._queued.popleft()
             if sock.getsockopt(_EVENTS) & _POLLIN:
                 with contextlib.suppress(zmq.Again):
                     return sock.recv_multipart(flags=zmq.NOBLOCK)
+            if waited and (woken or time.monotonic() >= deadline):
+                return None
             ready = self._ready(max(0.0, deadline - time.monotonic()))
-            woken = self._watched in ready
+            waited, woken = True, self._watched in ready
             ready.discard(self._fd)
             if self._watched is not None:
                 ready.discard(self._watched)
             if lanes is not None and (ready or lanes.waiting()):
                 self._queued.extend(lanes.service(ready))  # connects and hellos time out here too
-            if self._queued:
-                return self._queued.popleft()
-            if sock.getsockopt(_EVENTS) & _POLLIN:
-                with contextlib.suppress(zmq.Again):
-                    return sock.recv_multipart(flags=zmq.NOBLOCK)
-            if woken or time.monotonic() >= deadline:
-                return None
         return None
 
     def _sync_lanes(self, lanes: Lanes) -> None:
@@ -156,7 +152,7 @@ class Inbox:
         try:
             timeout = self._asleep(timeout)
             if timeout > 0:
-                self._block(timeout)
+                self._ready(timeout)
         finally:
             self.sleeping = False
 
@@ -174,9 +170,6 @@ class Inbox:
                 return
             if time.monotonic() >= deadline:
                 return
-
-    def _block(self, timeout: float) -> None:
-        self._ready(timeout)
 
     def _ready(self, timeout: float) -> set[int]:
         """Wait up to ``timeout`` for descriptors to turn ready (readable, or writable for a lane

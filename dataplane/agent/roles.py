@@ -345,4 +345,3 @@ class _Turn:
                 self.corked.__exit__()
         finally:
             w.turn = self.outer
-

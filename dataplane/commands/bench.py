@@ -71,11 +71,7 @@ def register(subparsers: Any) -> None:
         "--coalesce-bytes", type=int, default=None, metavar="N",
         help="the prefill agent's transfer.coalesceBytes (0: every room its own engine request)",
     )
-    t.add_argument(
-        "--compiled", choices=("on", "auto", "off"), default="on",
-        help="the agents' per-room modules compiled with mypyc, as the image runs them (dataplane/compiled; "
-        "on: built first if needed, ~1 min once per source version; off: interpreted)",
-    )
+    add_compiled_option(t)
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
     t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
     t.set_defaults(handler=run)
@@ -206,17 +202,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def compiled_agents(wanted: str) -> bool | None:
+def add_compiled_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compiled", choices=("on", "auto", "off"), default="on",
+        help="the agents' per-room modules compiled with mypyc, as the image runs them (dataplane/compiled; "
+        "on: built first if needed, ~1 min once per source version; off: interpreted)",
+    )
+
+
+def compiled_agents(wanted: str, command: str = "bench") -> bool | None:
     """Whether the agents this benchmark starts run compiled (``--compiled``); None: asked for and
-    unavailable (the reason printed)."""
+    unavailable (the reason printed, under ``command``'s name)."""
     from ..compiled import CompileUnavailable, choose
 
     if wanted == "on":
-        print("bench: compiled agent modules (built once per source version) ...", file=sys.stderr)
+        print(f"{command}: compiled agent modules (built once per source version) ...", file=sys.stderr)
     try:
         return choose(wanted)
     except CompileUnavailable as exc:
-        print(f"bench: --compiled {wanted}: {exc}", file=sys.stderr)
+        print(f"{command}: --compiled {wanted}: {exc}", file=sys.stderr)
         return None
 
 

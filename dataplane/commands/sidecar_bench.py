@@ -40,6 +40,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .bench import add_compiled_option
+
 SIZES = "4K,64K,1M,16M"
 
 
@@ -63,11 +65,7 @@ def register(subparsers: Any) -> None:
         "--huge-pages", choices=("auto", "always", "never"), default="auto",
         help="the sidecar engines' pools in reserved 2 MiB huge pages (default auto: when the host has them)",
     )
-    p.add_argument(
-        "--compiled", choices=("on", "auto", "off"), default="on",
-        help="the agents' per-room modules compiled with mypyc, as the image runs them (dataplane/compiled; "
-        "on: built first if needed, ~1 min once per source version; off: interpreted)",
-    )
+    add_compiled_option(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of cases")
     p.set_defaults(handler=run)
 
@@ -75,7 +73,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from .bench import block_config, compiled_agents, mix_config, parse_size
 
-    compiled = compiled_agents(args.compiled)
+    compiled = compiled_agents(args.compiled, "sidecar-bench")
     if compiled is None:
         return 2
     cases = []
