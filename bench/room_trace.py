@@ -13,6 +13,11 @@ status's send itself can take 100+ µs (the dev VM, while the lane to decode com
 time, so every step belongs to that room; with rooms in flight the steps would interleave. The marks
 cost a few µs each: compare steps, not the sum with the benchmark's p50 (printed too, with the raw
 engine's). docs/benchmarks.md, session 14.
+
+``--sidecar reactive|presend`` traces the same room through the local API instead (``sidecar-bench``'s
+sidecar setup, one room in flight, interpreted): four processes — decode engine, decode agent, prefill
+agent, prefill engine — and every hop between them (docs/sidecar.md, session 17). ``reactive``: the prefill
+engine sends when the agent tells it decode asked; ``presend``: it sent ahead.
 """
 
 from __future__ import annotations
@@ -46,22 +51,54 @@ STEPS = (
     ("decode: finish the room", "D1", "D2"),
     ("all of it", "D0a", "D2"),
 )
+SIDECAR_STEPS = (
+    ("decode engine: the expect call", "Es0", "Es1"),
+    ("expect reaches the agent (its reader)", "Es0", "Dc0"),
+    ("decode agent: read, check, queue", "Dc0", "Dc1"),
+    ("submitted, the worker takes it", "Dc1", "Dw0"),
+    ("decode: make the metadata, send it", "D0a", "D0b"),
+    ("metadata reaches prefill's poll", "D0b", "Pw"),
+    ("prefill: read it, start the room", "Pw", "P0"),
+    ("prefill: WaitingForInput pushed to the engine", "P0", "Pf2"),
+    ("WaitingForInput reaches the prefill engine", "Pf2", "Gr2"),
+    ("prefill engine: read it up to the send call", "Gr2", "Gs0"),
+    ("prefill engine: the send call", "Gs0", "Gs1"),
+    ("send reaches the agent (its reader)", "Gs0", "Pc0"),
+    ("prefill agent: read, check, queue", "Pc0", "Pc1"),
+    ("submitted, the worker takes it", "Pc1", "Pw0"),
+    ("prefill: room started up to the engine's post", "P0", "Xa"),
+    ("prefill: the engine's post", "Xa", "Xb"),
+    ("prefill: write returns to finish", "Xb", "P2"),
+    ("prefill: finish up to the status's send", "P2", "Ps"),
+    ("status sent, reaches decode's handler", "Ps", "D1"),
+    ("decode: finish the room", "D1", "D2"),
+    ("decode: Success pushed to the engine", "D2", "Df4"),
+    ("Success reaches the decode engine", "Df4", "Er4"),
+    ("prefill: Success pushed to the engine", "P3", "Pf4"),
+    ("decode agent: expect in to Success out", "Dc0", "Df4"),
+    ("all of it (decode engine's expect to its Success)", "Es0", "Er4"),
+    ("decode engine: Success read up to the next expect", "Er4", "+Es0"),
+)
+"""A step ``a`` → ``+b`` runs from this room's ``a`` to the next room's ``b`` (rooms are in order)."""
 
 
 Marks = dict[str, dict[str, float]]
 
 
-def summarise(prefill: Marks, decode: Marks) -> list[dict[str, Any]]:
-    """Median and p90 (µs) of each step over the rooms both sides marked, the first tenth left out."""
-    rooms = sorted(int(k) for k in decode if k in prefill)
+def summarise(traces: list[Marks], steps: tuple[tuple[str, str, str], ...] = STEPS) -> list[dict[str, Any]]:
+    """Median and p90 (µs) of each step over the rooms every process marked, the first tenth left out.
+    Each process's marks carry its own names (its letter first), so one room's merge to one dict."""
+    rooms = sorted(int(k) for k in set.intersection(*(set(t) for t in traces)))
     rooms = rooms[len(rooms) // 10 :]
+    merged = {r: {k: v for t in traces for k, v in t[str(r)].items()} for r in rooms}
+    nothing: dict[str, float] = {}
+    for r, m in merged.items():
+        m.update({f"+{k}": v for k, v in merged.get(r + 1, nothing).items()})
     out = []
-    for name, a, b in STEPS:
-        spans = sorted(
-            (m[b] - m[a]) * 1e6
-            for m in ({**decode[str(r)], **prefill[str(r)]} for r in rooms)
-            if a in m and b in m
-        )
+    for name, a, b in steps:
+        spans = sorted((m[b] - m[a]) * 1e6 for m in merged.values() if a in m and b in m)
+        if len(spans) < len(rooms) // 2:
+            continue  # a step of the warm-up or of a few stragglers, not of this setup's rooms
         if spans:
             out.append({
                 "step": name, "rooms": len(spans), "p50_us": round(statistics.median(spans), 1),
@@ -75,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="4K", help="block size of the rooms (bench transfer's --sizes)")
     p.add_argument("--requests", type=int, default=3000, help="rooms (at least 20)")
     p.add_argument("--spin-us", type=int, default=0, help="the agents' transfer.spinMicroseconds (default 0)")
+    p.add_argument(
+        "--sidecar", choices=("reactive", "presend"), help="through the local API (four processes)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     if args.requests < 20:
@@ -84,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             **os.environ, "PDPAIR_ROOM_TRACE": out,
             "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
+        if args.sidecar:
+            return sidecar(args, env, Path(out))
         cmd = [
             sys.executable, "-m", "dataplane.cli", "bench", "transfer", "--sizes", args.size, "--mix=",
             "--inflight", "1", "--repeat", "1", "--max-requests", str(args.requests), "--compiled", "off",
@@ -94,25 +136,62 @@ def main(argv: list[str] | None = None) -> int:
             print(run.stderr[-3000:], file=sys.stderr)
             return run.returncode
         bench = json.loads(run.stdout)[0]
-        traces = {}
-        for role in ("prefill", "decode"):
-            path = Path(out) / f"{role}.json"
-            if not path.is_file():
-                print(f"room_trace: no trace from the {role} agent (its hooks did not load)", file=sys.stderr)
-                return 1
-            traces[role] = json.loads(path.read_text())
-    steps = summarise(traces["prefill"], traces["decode"])
+        traces = load(Path(out), ("prefill-agent", "decode-agent"))
+    if traces is None:
+        return 1
     result = {
         "case": bench["case"], "agent_p50_us": bench["agent_p50_us"], "raw_p50_us": bench["raw_p50_us"],
-        "steps": steps,
+        "steps": summarise(traces),
     }
-    if args.json:
+    head = f"{result['case']}: agent p50 {bench['agent_p50_us']:.0f} us"
+    return show(result, f"{head}, raw engine p50 {bench['raw_p50_us']:.0f} us", args.json)
+
+
+def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
+    """The sidecar setup of ``sidecar-bench`` for one case, its processes started with the hooks."""
+    from dataplane.commands.bench import block_config, parse_size
+    from dataplane.commands.sidecar_bench import sidecar_run, with_warmup
+    from dataplane.compiled import choose
+
+    choose("off")
+    cfg = with_warmup(block_config(parse_size(args.size), args.requests), 5)
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        run = sidecar_run(cfg, args.sidecar == "presend")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    traces = load(out, ("prefill-agent", "decode-agent", "prefill-engine", "decode-engine"))
+    if traces is None:
+        return 1
+    result = {
+        "case": f"{args.size} sidecar {args.sidecar}", "us_per_request": round(run["us"], 1),
+        "steps": summarise(traces, SIDECAR_STEPS),
+    }
+    head = f"{result['case']}: {run['us']:.0f} us per room (one in flight, interpreted)"
+    return show(result, head, args.json)
+
+
+def load(out: Path, processes: tuple[str, ...]) -> list[Marks] | None:
+    """Each process's marks (the file its hooks wrote at exit), or None when one is missing."""
+    traces = []
+    for name in processes:
+        found = sorted(out.glob(f"{name}-*.json"))
+        if not found:
+            print(f"room_trace: no trace from the {name} (its hooks did not load)", file=sys.stderr)
+            return None
+        traces.append(json.loads(found[-1].read_text())["marks"])
+    return traces
+
+
+def show(result: dict[str, Any], head: str, as_json: bool) -> int:
+    if as_json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{result['case']}: agent p50 {bench['agent_p50_us']:.0f} us, "
-          f"raw engine p50 {bench['raw_p50_us']:.0f} us")
-    for s in steps:
-        print(f"  {s['step']:42} p50 {s['p50_us']:8.1f} us   p90 {s['p90_us']:8.1f} us")
+    print(head)
+    for s in result["steps"]:
+        print(f"  {s['step']:50} p50 {s['p50_us']:8.1f} us   p90 {s['p90_us']:8.1f} us")
     return 0
 
 

@@ -8,6 +8,13 @@ decode ``D0a``/``D0b`` (around making and sending the metadata), ``D1``/``D2`` (
 status); prefill ``Pw`` (its inbox's last wait returned), ``P0`` (room started), ``Qa``/``Qb`` (plan),
 ``Ra``/``Rb`` (engine requests), ``Wa``/``Wb`` (``write``), ``Xa``/``Xb`` (NIXL's post), ``P2``/``P3``
 (around ``finish``), ``Ps`` (its status about to be handed to the lane or ZMQ), ``P4`` (a corked status left).
+
+In sidecar mode (``--sidecar``) the engines and the local API are marked too, each name led by who made
+it — ``E`` the decode engine, ``G`` the prefill engine, ``D`` / ``P`` the agents: ``s0``/``s1`` around the
+engine's ``expect`` / ``send`` call, ``r<state>`` when the engine read that room state, ``c0``/``c1``
+around the agent's connection thread handling the request, ``w0`` when the worker took it off the link,
+``f<state>`` when the worker pushed that state to the engine. Traces go to one file per process.
+(``c0``/``c1`` are made by whichever thread reads the request: the worker, once the connection is lent.)
 """
 
 import json
@@ -22,11 +29,15 @@ if _OUT:
     import dataplane.agent.lanes as _lanes
     import dataplane.agent.prefill as _prefill
     import dataplane.agent.roles as _roles
+    import dataplane.engine.synthetic_engine as _engine
+    import dataplane.localapi.client as _client
+    import dataplane.localapi.server as _server
+    import dataplane.localapi.workers as _workers
     import dataplane.transports.nixl as _nixl
 
     _now = time.perf_counter
     _marks: dict[int, dict[str, float]] = {}
-    _state = {"room": None, "polled": 0.0, "unsent": []}
+    _state = {"room": None, "polled": 0.0, "unsent": [], "who": "", "role": "process"}
 
     def _mark(room, step, at=None):
         _marks.setdefault(room, {})[step] = _now() if at is None else at
@@ -84,15 +95,19 @@ if _OUT:
 
     _control.Inbox._ready = ready
 
-    _start_room = _prefill.PrefillWorker.start_room
+    def _traced_start_room(owner):
+        original = owner.start_room
 
-    def start_room(self, dp, md):
-        _state["room"] = md.room
-        _mark(md.room, "Pw", _state["polled"])
-        _mark(md.room, "P0")
-        _start_room(self, dp, md)
+        def start_room(self, dp, md):
+            _state["room"] = md.room
+            _mark(md.room, "Pw", _state["polled"])
+            _mark(md.room, "P0")
+            original(self, dp, md)
 
-    _prefill.PrefillWorker.start_room = start_room
+        owner.start_room = start_room
+
+    _traced_start_room(_prefill.PrefillWorker)
+    _traced_start_room(_workers.ExternalPrefillWorker)
     _wrap(_prefill, "plan_request", "Qa", "Qb", _current)
     _wrap(_prefill, "transfer_requests", "Ra", "Rb", _current)
     _wrap(_nixl.NixlTransport, "write", "Wa", "Wb", _current)
@@ -129,11 +144,101 @@ if _OUT:
 
     _lanes.Lanes.uncork = uncork
 
+    # ---- the sidecar's local API: engines (E decode, G prefill) and the agents' side of it ----
+    _who = lambda: _state["who"]  # noqa: E731 - set once per process, below
+
+    _worker_init = _roles.RoleWorker.__init__
+
+    def worker_init(self, *args, **kwargs):
+        _state["who"], _state["role"] = self.role[0].upper(), f"{self.role}-agent"
+        _worker_init(self, *args, **kwargs)
+
+    _roles.RoleWorker.__init__ = worker_init
+
+    _engine_init = _engine.SyntheticEngineProcess.__init__
+
+    def engine_init(self, cfg, *args, **kwargs):
+        _state["who"], _state["role"] = ("E" if cfg.role == "decode" else "G"), f"{cfg.role}-engine"
+        _engine_init(self, cfg, *args, **kwargs)
+
+    _engine.SyntheticEngineProcess.__init__ = engine_init
+
+    def _around(owner, name, room_of, before, after):
+        original = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            room = room_of(args)
+            if room is not None:
+                _mark(room, _who() + before)
+            result = original(*args, **kwargs)
+            if room is not None and after:
+                _mark(room, _who() + after)
+            return result
+
+        setattr(owner, name, wrapped)
+
+    _around(_client.AgentClient, "expect", lambda a: a[1], "s0", "s1")
+    _around(_client.AgentClient, "send", lambda a: a[1], "s0", "s1")
+    _request = lambda a: getattr(a[1], "room", None) if type(a[1]).__name__ in ("Send", "Expect") else None  # noqa: E731
+    _around(_server.Session, "handle", _request, "c0", "c1")
+
+    def _picked(args):
+        room = getattr(args[1], "room", None)
+        if room is not None:
+            _state["room"] = room
+        return room
+
+    _around(_workers.ExternalPrefillWorker, "on_command", _picked, "w0", "")
+    _around(_workers.ExternalDecodeWorker, "on_command", _picked, "w0", "")
+
+    _start_expect = _workers.ExternalDecodeWorker.start_expect
+
+    def start_expect(self, cmd):
+        _mark(cmd.room, "D0a")
+        _start_expect(self, cmd)
+        _mark(cmd.room, "D0b")
+
+    _workers.ExternalDecodeWorker.start_expect = start_expect
+
+    def _first(room, step):
+        _marks.setdefault(room, {}).setdefault(step, _now())
+
+    _push = _server._Connection.__call__
+
+    def push(self, states):
+        for st in states:
+            _first(st.room, f"{_who()}f{st.state}")
+        _push(self, states)
+
+    _server._Connection.__call__ = push
+
+    _apply = _client.AgentClient._apply
+
+    def apply(self, msg):
+        room, state = getattr(msg, "room", -1), getattr(msg, "state", None)
+        if room >= 0 and state is not None:
+            _first(room, f"{_who()}r{state}")
+        _apply(self, msg)
+
+    _client.AgentClient._apply = apply
+
+    def _dump():
+        path = os.path.join(_OUT, f"{_state['role']}-{os.getpid()}.json")
+        with open(path, "w") as f:
+            json.dump({"who": _state["who"], "marks": {str(k): v for k, v in _marks.items()}}, f)
+
     _shutdown = _roles.RoleWorker.shutdown
 
     def shutdown(self):
-        with open(os.path.join(_OUT, f"{self.role}.json"), "w") as f:
-            json.dump({str(k): v for k, v in _marks.items()}, f)
+        _dump()
         _shutdown(self)
 
     _roles.RoleWorker.shutdown = shutdown
+
+    _close = _engine.SyntheticEngineProcess.close
+
+    def close(self):
+        _dump()
+        _close(self)
+
+    _engine.SyntheticEngineProcess.close = close

@@ -80,12 +80,29 @@ class Inbox:
         """The worker is in (or about to enter) a blocking wait: a hand-off must send ``WAKE``."""
         self.handed_over = False
         """A helper handed work over since the worker's turn began (``recv`` clears it)."""
-        self._watched: int | None = None
+        self._watched: list[int] = []
+        self._hits: set[int] = set()
 
     def watch(self, fd: int) -> None:
-        """Also end waits when ``fd`` turns readable (a transport's ``wake_fd``; the worker clears it)."""
-        self._watched = fd
-        self._poller.register(fd, zmq.POLLIN)
+        """Also end waits when ``fd`` turns readable: a transport's ``wake_fd`` (the worker clears it),
+        an engine's local-API socket (the worker reads it once ``readable`` says so)."""
+        if fd not in self._watched:
+            self._watched.append(fd)
+            self._poller.register(fd, zmq.POLLIN)
+
+    def unwatch(self, fd: int) -> None:
+        """Stop watching ``fd`` (before it is closed: a closed descriptor in ``select`` is an error)."""
+        if fd in self._watched:
+            self._watched.remove(fd)
+            self._poller.unregister(fd)
+        self._hits.discard(fd)
+
+    def readable(self, fd: int) -> bool:
+        """Whether a wait since the last call found the watched ``fd`` readable."""
+        if fd in self._hits:
+            self._hits.discard(fd)
+            return True
+        return False
 
     def recv(self, timeout: float) -> list[bytes] | None:
         """One multipart message, or None after ``timeout`` seconds (rounded up to whole ms: zmq
@@ -120,10 +137,12 @@ class Inbox:
             if waited and (woken or time.monotonic() >= deadline):
                 return None
             ready = self._ready(max(0.0, deadline - time.monotonic()))
-            waited, woken = True, self._watched in ready
+            waited = True
             ready.discard(self._fd)
-            if self._watched is not None:
-                ready.discard(self._watched)
+            for fd in self._watched:
+                if fd in ready:
+                    woken = True
+                    ready.discard(fd)
             if lanes is not None and (ready or lanes.waiting()):
                 self._queued.extend(lanes.service(ready))  # connects and hellos time out here too
         return None
@@ -174,18 +193,21 @@ class Inbox:
     def _ready(self, timeout: float) -> set[int]:
         """Wait up to ``timeout`` for descriptors to turn ready (readable, or writable for a lane
         with output pending); the ready ones."""
-        reads = [self._fd, *self.lanes.fds()] if self.lanes is not None else [self._fd]
-        if self._watched is not None:
-            reads.append(self._watched)
+        watched = self._watched
+        reads = [self._fd, *self.lanes.fds(), *watched] if self.lanes is not None else [self._fd, *watched]
         writes = self.lanes.wants_write() if self.lanes is not None else []
         if max(reads) < FD_SETSIZE:
             r, w, _ = select.select(reads, writes, [], timeout)
-            return {*r, *w}
-        # select() cannot watch descriptors this high; the millisecond poll can
-        if self.lanes is not None:
-            self._sync_lanes(self.lanes)
-        events = self._poller.poll(math.ceil(timeout * 1000))
-        return {fd if isinstance(fd, int) else self._fd for fd, _ in events}
+            ready = {*r, *w}
+        else:  # select() cannot watch descriptors this high; the millisecond poll can
+            if self.lanes is not None:
+                self._sync_lanes(self.lanes)
+            events = self._poller.poll(math.ceil(timeout * 1000))
+            ready = {fd if isinstance(fd, int) else self._fd for fd, _ in events}
+        for fd in watched:
+            if fd in ready:
+                self._hits.add(fd)
+        return ready
 
     def waker(self, frame: bytes = WAKE) -> Waker:
         """What another thread calls to end this inbox's wait (``frame``: what the reader sees)."""

@@ -164,8 +164,11 @@ class SyntheticEngineProcess:
         time.sleep(self.client.reconnect_interval / 2)
 
     def step(self, requests: int, tokens: tuple[int, ...], max_inflight: int) -> None:
+        """One turn: finish what finished, start what may start (in that order: a finished room's
+        items and in-flight slot go to the next request at once), else wait for the agent."""
         self.connect()
-        seen = self.client.version
+        reaped = self.reap()
+        seen, made = self.client.version, self.made
         if self.role == "decode":
             while self.may_start(requests, max_inflight):
                 if not self.expect_one(tokens[self.made % len(tokens)] if tokens else 0):
@@ -178,7 +181,7 @@ class SyntheticEngineProcess:
         else:
             for st in self.client.take_incoming():
                 self.send_one(st)
-        if not self.reap():
+        if not reaped and self.made == made:
             self.client.wait_change(seen, 0.05)
 
     def may_start(self, requests: int, max_inflight: int) -> bool:

@@ -284,9 +284,8 @@ class AgentClient:
 
     def _pump(self, timeout: float) -> None:
         """Take in everything the agent has sent (waiting up to ``timeout`` for the first frame)."""
-        while self._sock is not None:
-            ready = select.select([self._sock], [], [], max(0.0, timeout))[0]
-            if not ready:
+        while self._sock is not None and self._reader is not None:
+            if not self._reader.whole() and not select.select([self._sock], [], [], max(0.0, timeout))[0]:
                 return
             self._read(self.timeout)
             timeout = 0.0

@@ -6,7 +6,10 @@ resynchronised after that, so the reader answers with an ``Error`` and closes. D
 an engine's pools) ride on the frame's first bytes as ``SCM_RIGHTS`` ancillary data; every descriptor
 received is either handed to the caller or closed, never leaked.
 
-Reads take a timeout so no thread can block forever on a frozen peer.
+Reads take a timeout so no thread can block forever on a frozen peer. The reader takes whatever the
+socket holds (up to ``READ_CHUNK``) and keeps what is past the frame it returns: a burst of pushed room
+states costs one ``recvmsg``, not two per frame. ``fill`` reads without blocking and ``next`` takes a
+frame already read, for a thread that waits on the socket in its own ``select`` (the agent's worker).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 4 << 20
 """4 MiB: a request with a million one-token pages still fits; anything bigger is a bug or an attack."""
 MAX_FDS = 64
+READ_CHUNK = 256 * 1024
 _CMSG_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
@@ -49,15 +53,59 @@ class FrameReader:
         self.sock = sock
         self.max_frame = max_frame
         self.fds: list[int] = []
+        self.buf = bytearray()
 
     def read(self) -> bytes:
         """The next frame's payload. Raises ``Closed`` at the end of the stream, ``FrameTooLarge`` for
         an oversized length (mid-frame too: the stream is over either way), ``TimeoutError``."""
-        header = self._exactly(HEADER.size, at_boundary=True)
-        (length,) = HEADER.unpack(header)
+        while True:
+            frame = self.next()
+            if frame is not None:
+                return frame
+            self._fill(0)
+
+    def next(self) -> bytes | None:
+        """A whole frame already read, or None; ``FrameTooLarge`` (the frame stays unread) for an
+        oversized length, before its body is waited for."""
+        buf = self.buf
+        if len(buf) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack_from(buf)
         if length > self.max_frame:
             raise FrameTooLarge(f"local API frame of {length} bytes exceeds the maximum of {self.max_frame}")
-        return self._exactly(length, at_boundary=False)
+        end = HEADER.size + length
+        if len(buf) < end:
+            return None
+        frame = bytes(buf[HEADER.size : end])
+        del buf[:end]
+        return frame
+
+    def whole(self) -> bool:
+        """A whole frame (or an oversized length, which ``next`` raises for) is already read."""
+        buf = self.buf
+        if len(buf) < HEADER.size:
+            return False
+        (length,) = HEADER.unpack_from(buf)
+        return length > self.max_frame or len(buf) >= HEADER.size + length
+
+    def fill(self) -> bool:
+        """Take what the socket holds without waiting (the socket must be in blocking mode, no
+        timeout: Python waits before a read on a socket with one); whether anything came. Raises
+        ``Closed`` at the end of the stream."""
+        return self._fill(socket.MSG_DONTWAIT)
+
+    def _fill(self, flags: int) -> bool:
+        try:
+            data, anc, _flags, _addr = self.sock.recvmsg(READ_CHUNK, _CMSG_SPACE, flags)
+        except BlockingIOError:
+            return False
+        self._collect(anc)
+        if not data:
+            if self.buf:
+                raise Closed(f"peer closed the connection inside a frame ({len(self.buf)} bytes of it read)")
+            raise Closed("peer closed the connection")
+        self.buf += data
+        return True
 
     def take_fds(self) -> list[int]:
         out, self.fds = self.fds, []
@@ -66,18 +114,6 @@ class FrameReader:
     def close_fds(self) -> None:
         for fd in self.take_fds():
             os.close(fd)
-
-    def _exactly(self, n: int, *, at_boundary: bool) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            data, anc, _flags, _addr = self.sock.recvmsg(n - len(buf), _CMSG_SPACE)
-            self._collect(anc)
-            if not data:
-                if at_boundary and not buf:
-                    raise Closed("peer closed the connection")
-                raise Closed(f"peer closed the connection inside a frame ({len(buf)} of {n} bytes)")
-            buf += data
-        return bytes(buf)
 
     def _collect(self, ancillary: list[tuple[int, int, bytes]]) -> None:
         for level, kind, data in ancillary:

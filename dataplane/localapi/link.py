@@ -9,6 +9,8 @@ of a room it has not heard about. ``submit`` wakes the worker — once per batch
 command — through the inbox's ``control.Waker``: a one-frame ``WAKE`` into its ``inproc://`` address
 when the worker sleeps, so a request never waits out its idle sleep; an awake worker gets no frame and
 drains the link in its next turn (prefill's ``tick``, decode's ``generate`` drain every turn).
+Once the engine's connection is lent to the worker (``lend``), the worker reads the requests itself
+and ``queue``s them: no other thread, no wake-up.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .messages import RoomState
+
+if TYPE_CHECKING:
+    from .server import Session
 
 WAKE = b"PDPAIR-LOCALAPI-WAKE"
 KEEP_STATES = 65536
@@ -77,6 +83,8 @@ class EngineLink:
         self._push = push
         self._wake_pending = False
         self._wake: Callable[[], None] = _no_worker
+        self.session: Session | None = None
+        """The engine's connection while it is lent to the worker."""
 
     def attach(self, wake: Callable[[], None]) -> None:
         """Called by the worker: how ``submit`` wakes it (``Inbox.waker(WAKE)``)."""
@@ -92,6 +100,16 @@ class EngineLink:
         if not self._wake_pending:
             self._wake_pending = True
             self._wake()
+
+    def queue(self, cmd: Command) -> None:
+        """``submit`` from the worker itself (it reads a lent connection): no wake-up needed."""
+        self._commands.append(cmd)
+
+    def lend(self, session: Session) -> None:
+        """Give the worker the engine's connection; it sets ``session.returned`` when done with it."""
+        self.session = session
+        self._wake_pending = True
+        self._wake()
 
     def drain(self) -> list[Command]:
         self._wake_pending = False

@@ -35,7 +35,7 @@ from ..transports import Transport
 from .link import Command, DetachCmd, EngineLink
 from .mapping import MappedPools, map_pools
 from .messages import LOCALAPI_VERSION, Hello, PoolRegion, RoomState
-from .server import LocalApiServer
+from .server import LocalApiServer, Session
 from .workers import ExternalDecodeWorker, ExternalPrefillWorker
 
 log = logging.getLogger("pdpair.localapi.sidecar")
@@ -145,6 +145,13 @@ class Sidecar:
 
     def state(self, room: int) -> RoomState:
         return self.link.state(room)
+
+    def lend(self, session: Session) -> bool:
+        with self._lock:
+            if self.runtime is None:
+                return False
+            self.link.lend(session)
+            return True
 
     def disconnected(self, reason: str) -> None:
         log.warning("engine %s: %s", self.engine_id, reason)

@@ -29,19 +29,48 @@ from ..agent.prefill import DecodePeer, PrefillWorker
 from ..codec import KVPoll, TransferMetadata, encode_metadata
 from ..errors import PDPairError
 from .link import WAKE, AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
+from .server import Session
 
 log = logging.getLogger("pdpair.localapi")
 KEEP_FAILED = 4096
+PUMP_STALE = 0.001
 
 
 class _LinkMixin:
-    """What both external workers share: the link, the wake frame, no-op frees, detach."""
+    """What both external workers share: the link, the engine's connection once lent, the wake frame,
+    no-op frees, detach."""
 
     link: EngineLink
 
     def attach_link(self) -> None:
         w: Any = self
         self.link.attach(w.inbox.waker(WAKE))
+        self.lent: Session | None = None
+        self.pumped = 0.0
+
+    def serve_engine(self, session: Session, now: float) -> None:
+        """Read the lent connection's requests: when the inbox's wait found it readable, when a whole
+        frame is already buffered, or every ``PUMP_STALE`` (a turn that found ZMQ traffic first did not
+        wait)."""
+        w: Any = self
+        if session is not self.lent:
+            self.lent = session
+            w.inbox.watch(session.fd)
+        elif not (w.inbox.readable(session.fd) or session.reader.whole() or now - self.pumped > PUMP_STALE):
+            return
+        self.pumped = now
+        if not session.pump(self.link.queue):
+            self.give_back()
+
+    def give_back(self) -> None:
+        """Return the engine's connection to its thread (stop watching it first: it may be closed)."""
+        session, self.lent = self.lent, None
+        if session is None:
+            return
+        w: Any = self
+        w.inbox.unwatch(session.fd)
+        self.link.session = None
+        session.returned.set()
 
     def dispatch(self, frames: list[bytes]) -> None:
         if frames == [WAKE]:
@@ -53,6 +82,9 @@ class _LinkMixin:
         """The engine owns every item; the agent never frees one."""
 
     def drain_link(self, now: float) -> None:
+        session = self.link.session
+        if session is not None:
+            self.serve_engine(session, now)
         commands = self.link.drain()
         w: Any = self
         with w.together(len(commands)):
@@ -70,6 +102,7 @@ class _LinkMixin:
         self.link.flush()
 
     def shutdown(self) -> None:
+        self.give_back()
         self.link.flush()
         super().shutdown()  # type: ignore[misc]
 

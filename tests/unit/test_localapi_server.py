@@ -68,6 +68,9 @@ class Recorder:
     def disconnected(self, reason):
         self.gone.append(reason)
 
+    def lend(self, session):
+        return False
+
 
 @pytest.fixture
 def served(tmp_path):
