@@ -85,6 +85,25 @@ class AgentRuntime:
         # The staged path's buffers are registered right after the pools' regions (region ids follow).
         self.staging = StagingMemory.for_agent(cfg, self.pools)
         self.transport = transport or make_transport(cfg, self.agent_id, transport_sdk)
+        try:
+            self._build(cfg, reporter, worker_factory)
+        except BaseException:
+            # An engine that reconnects after every failure must not leak a transport's threads each time.
+            ctx = getattr(self, "ctx", None)
+            if ctx is not None:
+                ctx.destroy(linger=0)
+            self.transport.close()
+            raise
+        self.status.set_probes(self.worker.alive, self.worker.snapshot)
+        self.stop_event = threading.Event()
+        self.servers: list[AgentHttpServer] = []
+        self.registry: BootstrapRegistry | None = None
+
+    def _build(
+        self, cfg: AgentConfig, reporter: ConditionReporter | None,
+        worker_factory: Callable[..., RoleWorker] | None,
+    ) -> None:
+        """Register the memory and make the worker (the caller closes the transport if this fails)."""
         staging_regions = self.staging.regions() if self.staging is not None else []
         blobs = self.transport.register(self.pools.memory_regions() + staging_regions)
         self.metrics = AgentMetrics(cfg.role, self.name)
@@ -107,10 +126,6 @@ class AgentRuntime:
             blobs=blobs,
             staging=self.staging,
         )
-        self.status.set_probes(self.worker.alive, self.worker.snapshot)
-        self.stop_event = threading.Event()
-        self.servers: list[AgentHttpServer] = []
-        self.registry: BootstrapRegistry | None = None
 
     def _rank_info(self) -> RankInfo:
         return RankInfo(

@@ -57,8 +57,12 @@ MODULES = (
     "dataplane/codec/ints.py",
     "dataplane/codec/metadata.py",
     "dataplane/codec/status.py",
+    "dataplane/engine/synthetic_engine.py",
+    "dataplane/localapi/client.py",
+    "dataplane/localapi/frames.py",
     "dataplane/localapi/link.py",
     "dataplane/localapi/server.py",
+    "dataplane/localapi/workers.py",
     "dataplane/planner/assemble.py",
     "dataplane/planner/request.py",
     "dataplane/planner/shape.py",
@@ -66,14 +70,15 @@ MODULES = (
     "dataplane/transports/blocks.py",
     "dataplane/transports/nixl.py",
 )
-"""The room path: the role workers and what they call per room, and the local API's agent side.
-Classes that interpreted code subclasses (the sidecar's workers, the other transports' adapters, tests)
-carry ``@mypyc_attr(allow_interpreted_subclasses=True)``. Not here: modules defining msgspec Structs (mypyc
+"""The room path: the role workers and what they call per room, the local API's both sides (the
+sidecar's workers, the client an engine embeds) and the synthetic engine that drives it in the demo and
+the benchmarks. Classes that interpreted code subclasses (the other transports' adapters, tests) carry
+``@mypyc_attr(allow_interpreted_subclasses=True)``. Not here: modules defining msgspec Structs (mypyc
 drops their class keywords, e.g. ``tag``; the sglang messages' Structs live in ``codec/messages.py`` so
-that their codecs compile), ``planner/plan.py`` (``WritePlan.trusted`` makes instances
-without ``__init__``), the local API's client (the engine's side) and workers (their mixin is not one
-mypyc compiles). mypyc 2.4.1 evaluates a slice bound twice on a memoryview or ``Any``, so slice bounds
-in these modules call nothing but ``len`` (``tests/unit/test_compiled.py`` checks)."""
+that their codecs compile; the local API's in ``localapi/messages.py``), ``planner/plan.py``
+(``WritePlan.trusted`` makes instances without ``__init__``). mypyc 2.4.1 evaluates a slice bound twice
+on a memoryview or ``Any``, so slice bounds in these modules call nothing but ``len``
+(``tests/unit/test_compiled.py`` checks)."""
 
 MYPY_CONFIG = (
     "[mypy]\nignore_missing_imports = True\ncheck_untyped_defs = True\n"

@@ -20,6 +20,8 @@ import socket
 import struct
 from collections.abc import Sequence
 
+from mypy_extensions import mypyc_attr
+
 from ..errors import FrameTooLarge, WireFormatError
 
 HEADER = struct.Struct(">I")
@@ -30,6 +32,7 @@ READ_CHUNK = 256 * 1024
 _CMSG_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
+@mypyc_attr(native_class=False)
 class Closed(ConnectionError):
     """The peer closed the connection (cleanly, between frames)."""
 

@@ -178,7 +178,8 @@ class Session:
                     self.handle(msg, submit)
                 if not reader.fill():
                     return True
-        except (Closed, OSError, FrameTooLarge):
+        except (Closed, OSError, FrameTooLarge) as exc:
+            log.debug("engine connection back to its thread: %r", exc)
             return False
         return True
 
@@ -284,8 +285,10 @@ class LocalApiServer:
                 if done and isinstance(msg, RegisterPools) and self.handler.lend(session):
                     session.returned.wait()
                     session.returned.clear()
-        except (Closed, OSError):
+        except Closed:
             pass
+        except OSError as exc:
+            reason = f"engine connection failed: {exc}"
         finally:
             session.reader.close_fds()
             conn.close()

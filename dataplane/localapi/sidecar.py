@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from ..agent import AgentRuntime, MemoryPools
+from ..agent.roles import RoleWorker
 from ..codec import Manifest, decode_manifest, manifest_from_schema
 from ..config import AgentConfig
 from ..errors import LocalApiError, PDPairError
@@ -60,6 +61,15 @@ def _unmap(mapped: MappedPools) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def external_worker(*args: Any, link: EngineLink, **kwargs: Any) -> RoleWorker:
+    """``AgentRuntime``'s worker factory in sidecar mode: the role's worker (``RoleWorker``'s arguments),
+    joined to the engine's ``link``."""
+    cfg: AgentConfig = args[0]
+    worker = (ExternalPrefillWorker if cfg.role == "prefill" else ExternalDecodeWorker)(*args, **kwargs)
+    worker.join(link)
+    return worker
 
 
 class Sidecar:
@@ -128,14 +138,13 @@ class Sidecar:
 
     def _runtime(self, mapped: MappedPools) -> AgentRuntime:
         pools = MemoryPools(self.schema, mapped.buffers, mapped.device, mapped.device_id)  # type: ignore[arg-type]
-        worker = ExternalPrefillWorker if self.cfg.role == "prefill" else ExternalDecodeWorker
         return AgentRuntime(
             self.cfg,
             schema=self.schema,
             pools=pools,
             transport=self.transport_factory() if self.transport_factory else None,
             reporter=self.reporter,
-            worker_factory=functools.partial(worker, link=self.link),
+            worker_factory=functools.partial(external_worker, link=self.link),
         ).start()
 
     def submit(self, cmd: Command) -> None:

@@ -16,16 +16,17 @@ prefill may still write late, as in sglang). Every state change is reported thro
 
 from __future__ import annotations
 
-import abc
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..agent.decode import DecodeRoom, DecodeWorker
 from ..agent.prefill import DecodePeer, PrefillWorker
+from ..agent.roles import RoleWorker
 from ..codec import KVPoll, TransferMetadata, encode_metadata
 from ..errors import PDPairError
 from .link import WAKE, AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
@@ -36,27 +37,43 @@ KEEP_FAILED = 4096
 PUMP_STALE = 0.001
 
 
-class _LinkMixin:
-    """What both external workers share: the link, the engine's connection once lent, the wake frame,
-    no-op frees, detach."""
+class EngineSide:
+    """What both external workers share (composition, not a mixin: mypyc compiles these classes): the
+    link, the engine's connection once lent, the commands' hand-out, detach. ``worker`` is the role
+    worker it serves; its ``on_command`` acts on each request."""
 
-    link: EngineLink
-
-    def attach_link(self) -> None:
-        w: Any = self
-        self.link.attach(w.inbox.waker(WAKE))
+    def __init__(self, worker: RoleWorker, link: EngineLink, on_command: Callable[[Command, float], None]):
+        self.worker, self.link, self.on_command = worker, link, on_command
         self.lent: Session | None = None
         self.pumped = 0.0
+        link.attach(worker.inbox.waker(WAKE))
 
-    def serve_engine(self, session: Session, now: float) -> None:
+    def drain(self, now: float) -> None:
+        """Read a lent connection, then act on every request queued since the last turn, together."""
+        session = self.link.session
+        if session is not None:
+            self.serve(session, now)
+        commands = self.link.drain()
+        if not commands:
+            return
+        with self.worker.together(len(commands)):
+            for cmd in commands:
+                try:
+                    self.on_command(cmd, now)
+                except PDPairError as exc:
+                    room = getattr(cmd, "room", -1)
+                    log.warning("engine request for room %s failed: %s", room, exc)
+                    self.link.report(room, KVPoll.Failed, str(exc))
+
+    def serve(self, session: Session, now: float) -> None:
         """Read the lent connection's requests: when the inbox's wait found it readable, when a whole
         frame is already buffered, or every ``PUMP_STALE`` (a turn that found ZMQ traffic first did not
         wait)."""
-        w: Any = self
+        inbox = self.worker.inbox
         if session is not self.lent:
             self.lent = session
-            w.inbox.watch(session.fd)
-        elif not (w.inbox.readable(session.fd) or session.reader.whole() or now - self.pumped > PUMP_STALE):
+            inbox.watch(session.fd)
+        elif not (inbox.readable(session.fd) or session.reader.whole() or now - self.pumped > PUMP_STALE):
             return
         self.pumped = now
         if not session.pump(self.link.queue):
@@ -67,62 +84,42 @@ class _LinkMixin:
         session, self.lent = self.lent, None
         if session is None:
             return
-        w: Any = self
-        w.inbox.unwatch(session.fd)
+        self.worker.inbox.unwatch(session.fd)
         self.link.session = None
         session.returned.set()
 
-    def dispatch(self, frames: list[bytes]) -> None:
-        if frames == [WAKE]:
-            self.drain_link(time.monotonic())
-            return
-        super().dispatch(frames)  # type: ignore[misc]
-
-    def release(self, src: Any) -> None:
-        """The engine owns every item; the agent never frees one."""
-
-    def drain_link(self, now: float) -> None:
-        session = self.link.session
-        if session is not None:
-            self.serve_engine(session, now)
-        commands = self.link.drain()
-        w: Any = self
-        with w.together(len(commands)):
-            for cmd in commands:
-                try:
-                    self.on_command(cmd, now)
-                except PDPairError as exc:
-                    room = getattr(cmd, "room", -1)
-                    log.warning("engine request for room %s failed: %s", room, exc)
-                    self.link.report(room, KVPoll.Failed, str(exc))
-
-    def tick(self, now: float) -> None:
-        """Once per turn of the loop, after every other step: the turn's room states go out together."""
-        super().tick(now)  # type: ignore[misc]
-        self.link.flush()
-
-    def shutdown(self) -> None:
-        self.give_back()
-        self.link.flush()
-        super().shutdown()  # type: ignore[misc]
-
-    @abc.abstractmethod
-    def on_command(self, cmd: Command, now: float) -> None:
-        """Act on one engine request (send / expect / abort) on the worker thread."""
-
     def detach(self, cmd: DetachCmd) -> None:
-        w: Any = self
+        """The engine went away: fail every live room (the worker tells the peers), say so, done."""
+        w = self.worker
         for room in w.rooms.live():
             w.finish(w.rooms.fail(room.key, cmd.reason), KVPoll.Failed)
         self.link.flush()
         cmd.done.set()
 
+    def shutdown(self) -> None:
+        self.give_back()
+        self.link.flush()
 
-class ExternalPrefillWorker(_LinkMixin, PrefillWorker):
-    def __init__(self, *args: Any, link: EngineLink, **kwargs: Any):
+
+class ExternalPrefillWorker(PrefillWorker):
+    def join(self, link: EngineLink) -> None:
+        """Take rooms from the engine behind ``link`` (``sidecar.external_worker``, right after
+        construction)."""
         self.link = link
-        super().__init__(*args, **kwargs)
-        self.attach_link()
+        self.side = EngineSide(self, link, self.on_command)
+
+    def dispatch(self, frames: list[bytes]) -> None:
+        if frames == [WAKE]:
+            self.side.drain(time.monotonic())
+            return
+        super().dispatch(frames)
+
+    def release(self, src: Any) -> None:
+        """The engine owns every item; the agent never frees one."""
+
+    def shutdown(self) -> None:
+        self.side.shutdown()
+        super().shutdown()
 
     def setup(self) -> None:
         super().setup()
@@ -164,7 +161,7 @@ class ExternalPrefillWorker(_LinkMixin, PrefillWorker):
         elif isinstance(cmd, DetachCmd):
             self.sends.clear()
             self.parked.clear()
-            self.detach(cmd)
+            self.side.detach(cmd)
 
     def launch_safely(self, dp: DecodePeer, md: TransferMetadata, cmd: SendCmd) -> None:
         try:
@@ -221,19 +218,39 @@ class ExternalPrefillWorker(_LinkMixin, PrefillWorker):
             self.done_keys[room.room] = done
 
     def tick(self, now: float) -> None:
-        self.drain_link(now)
+        """Engine requests first; the turn's room states go out together, after every other step."""
+        self.side.drain(now)
         for room_id, (_, deadline) in list(self.sends.items()):
             if deadline <= now and not any(r.room == room_id for r in self.rooms.live()):
                 self.sends.pop(room_id, None)
                 self.link.report(room_id, KVPoll.Failed, "no transfer request from decode by the deadline")
         super().tick(now)
+        self.link.flush()
 
 
-class ExternalDecodeWorker(_LinkMixin, DecodeWorker):
-    def __init__(self, *args: Any, link: EngineLink, **kwargs: Any):
+class ExternalDecodeWorker(DecodeWorker):
+    def join(self, link: EngineLink) -> None:
+        """Take rooms from the engine behind ``link`` (``sidecar.external_worker``, right after
+        construction)."""
         self.link = link
-        super().__init__(*args, **kwargs)
-        self.attach_link()
+        self.side = EngineSide(self, link, self.on_command)
+
+    def dispatch(self, frames: list[bytes]) -> None:
+        if frames == [WAKE]:
+            self.side.drain(time.monotonic())
+            return
+        super().dispatch(frames)
+
+    def release(self, src: Any) -> None:
+        """The engine owns every item; the agent never frees one."""
+
+    def shutdown(self) -> None:
+        self.side.shutdown()
+        super().shutdown()
+
+    def tick(self, now: float) -> None:
+        super().tick(now)
+        self.link.flush()
 
     def setup(self) -> None:
         super().setup()
@@ -241,7 +258,7 @@ class ExternalDecodeWorker(_LinkMixin, DecodeWorker):
 
     def generate(self, now: float) -> None:
         """Rooms come from the engine: start those waiting for the prefill ranks to pair."""
-        self.drain_link(now)
+        self.side.drain(now)
         while self.waiting and self.ready_to_send():
             self.start_expect(self.waiting.popleft()[0])
         while self.waiting and self.waiting[0][1] <= now:
@@ -265,7 +282,7 @@ class ExternalDecodeWorker(_LinkMixin, DecodeWorker):
                 self.link.report(cmd.room, KVPoll.Failed, reason)
         elif isinstance(cmd, DetachCmd):
             self.waiting.clear()
-            self.detach(cmd)
+            self.side.detach(cmd)
 
     def start_expect(self, cmd: ExpectCmd) -> None:
         state = list(cmd.state) + [None] * (len(self.schema.components) - len(cmd.state))

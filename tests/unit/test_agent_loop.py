@@ -144,13 +144,13 @@ def test_an_engine_request_handed_to_an_awake_sidecar_worker_is_drained_in_its_n
     from dataplane.agent.launch import loopback_pair
     from dataplane.config import AgentConfig, TransferConfig
     from dataplane.localapi.link import AbortCmd, EngineLink
-    from dataplane.localapi.workers import ExternalDecodeWorker
+    from dataplane.localapi.sidecar import external_worker
     from dataplane.transports import mori_double
 
     _, (d_cfg,) = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
     link = EngineLink()
     rt = AgentRuntime(
-        d_cfg, transport_sdk=mori_double, worker_factory=functools.partial(ExternalDecodeWorker, link=link)
+        d_cfg, transport_sdk=mori_double, worker_factory=functools.partial(external_worker, link=link)
     )
     worker = rt.worker
     try:
@@ -166,6 +166,31 @@ def test_an_engine_request_handed_to_an_awake_sidecar_worker_is_drained_in_its_n
     finally:
         worker.shutdown()
         rt.transport.close()
+
+
+def test_a_runtime_whose_worker_cannot_be_made_closes_its_transport(monkeypatch: pytest.MonkeyPatch):
+    """A sidecar builds a runtime per engine connection: one that fails half-way (here the worker) must
+    not leave the transport's threads behind, or an engine retrying every half second piles them up."""
+    from dataplane.agent import AgentRuntime, runtime
+    from dataplane.agent.launch import loopback_pair
+    from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.transports import mori_double
+
+    made = []
+    real = runtime.make_transport
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    def no_worker(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("worker refused")
+
+    monkeypatch.setattr(runtime, "make_transport", recording)
+    (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
+    with pytest.raises(RuntimeError, match="worker refused"):
+        AgentRuntime(p_cfg, transport_sdk=mori_double, worker_factory=no_worker)
+    assert len(made) == 1 and made[0]._closed
 
 
 def test_prefill_takes_a_burst_of_messages_a_few_per_turn():

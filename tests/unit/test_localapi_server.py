@@ -4,6 +4,7 @@ client's clear errors and reconnect-with-re-registration when the agent goes awa
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -255,3 +256,58 @@ def test_sidecar_refuses_a_mismatched_engine(tmp_path, change, match):
     assert sidecar.hello(Hello(version=1, role="prefill", engine_id="e", manifest=manifest()))
     with pytest.raises(LocalApiError, match="not_registered"):
         sidecar.submit(AbortCmd(1, ""))
+
+
+class Lender(Recorder):
+    """Lends the connection to a thread of its own once the pools are registered, which reads it as the
+    agent's worker does: waits on the socket, ``pump``s, and gives it back when ``pump`` says so."""
+
+    def __init__(self):
+        super().__init__()
+        self.readers: list[int] = []
+        self.returned = 0
+
+    def lend(self, session):
+        def worker():
+            self.readers.append(threading.get_ident())
+            while session.pump(self.commands.append):
+                select.select([session.fd], [], [], 0.05)
+            self.returned += 1
+            session.returned.set()
+
+        threading.Thread(target=worker, daemon=True).start()
+        return True
+
+
+def test_a_lent_connection_is_read_by_the_worker_and_comes_back_for_what_it_does_not_handle(tmp_path):
+    handler = Lender()
+    server = LocalApiServer(str(tmp_path / "agent.sock"), handler, max_frame=64 * 1024).start()
+    regions = [(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]
+    try:
+        with client(server) as c, SharedPools(regions) as pools:
+            c.register_pools(pools.regions, pools.fds)
+            for room in range(50):
+                c.expect(room, [room % 16])
+            with pytest.raises(LocalApiError, match="bad_request: kv: item index 16"):
+                c.send(99, [16], ack=True)  # refused on the worker, answered to the engine
+            c._sock.sendall(len(b"\xc1junk").to_bytes(4, "big") + b"\xc1junk")
+            err = c._read(2.0)
+            assert isinstance(err, Error) and err.code == "malformed"  # answered; the connection stays
+            assert [st.state for st in c.poll_remote([3])] == [3]  # Poll, answered by the worker
+            assert [cmd.room for cmd in handler.commands] == list(range(50))
+            assert len(handler.readers) == 1 and handler.returned == 0
+            c.register_pools(pools.regions, pools.fds)  # back to the connection thread, then lent again
+            assert handler.registered == [(len(regions), 1)] * 2
+            wait_until(lambda: handler.returned == 1 and len(handler.readers) == 2)
+            c.abort(5, "cancelled", ack=True)
+            assert handler.commands[-1] == AbortCmd(5, "cancelled")
+        wait_until(lambda: handler.returned == 2 and handler.gone == ["engine disconnected"])
+    finally:
+        server.stop()
+
+
+def wait_until(predicate, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
