@@ -153,6 +153,7 @@ def run_case(label: str, cfg: Any, repeat: int = 1, huge_pages: str = "auto") ->
         "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
         "presend_interface_us": round(ahead["us"] - direct["us"], 1),
         "ratio_runs": [round(s["gbps"] / d["gbps"], 3) if d["gbps"] else None for d, s, _ in runs],
+        "presend_ratio_runs": [round(a["gbps"] / d["gbps"], 3) if d["gbps"] else None for d, _, a in runs],
         **{
             f"{setup}_prefill_{key}_us": _rounded(figures[f"prefill_{key}_us"])
             for setup, figures in (("direct", direct), ("sidecar", side), ("presend", ahead))
