@@ -26,6 +26,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -144,6 +145,10 @@ class RoleWorker(abc.ABC):
         """How many messages this turn of the loop handles together (``together``)."""
         self.pool_lock = threading.Lock()
         """Guards the allocators when a role fills sources on another thread (prefill's engine)."""
+        self.owns_items = True
+        """False when a serving engine owns every item (the sidecar): ``release`` frees nothing."""
+        self.on_shutdown: list[Callable[[], None]] = []
+        """Run first when the worker's loop ends (the sidecar returns the engine's connection)."""
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -247,6 +252,8 @@ class RoleWorker(abc.ABC):
         """Periodic work: heartbeats, request generation (subclasses)."""
 
     def shutdown(self) -> None:
+        for hook in self.on_shutdown:
+            hook()
         self.pushers.close()
         self.inbox.close()
 
@@ -270,6 +277,8 @@ class RoleWorker(abc.ABC):
         return kv_idx, (int(aux_idx[0]) if len(aux_idx) else None), st
 
     def release(self, src: tuple[Any, int | None, list[Any]]) -> None:
+        if not self.owns_items:
+            return
         kv, aux, state = src
         if kv is not None:
             self.kv_pages.give(kv)

@@ -28,7 +28,6 @@ from .messages import RoomState
 if TYPE_CHECKING:
     from .server import Session
 
-WAKE = b"PDPAIR-LOCALAPI-WAKE"
 KEEP_STATES = 65536
 BOOTSTRAPPING = 1
 Push = Callable[[Sequence[RoomState]], None]
@@ -87,7 +86,7 @@ class EngineLink:
         """The engine's connection while it is lent to the worker."""
 
     def attach(self, wake: Callable[[], None]) -> None:
-        """Called by the worker: how ``submit`` wakes it (``Inbox.waker(WAKE)``)."""
+        """Called by the worker: how ``submit`` wakes it (its ``Inbox.waker()``)."""
         self._wake = wake
 
     def set_push(self, push: Push | None) -> None:

@@ -29,7 +29,7 @@ from ..agent.prefill import DecodePeer, PrefillWorker
 from ..agent.roles import RoleWorker
 from ..codec import KVPoll, TransferMetadata, encode_metadata
 from ..errors import PDPairError
-from .link import WAKE, AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
+from .link import AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
 from .server import Session
 
 log = logging.getLogger("pdpair.localapi")
@@ -46,7 +46,9 @@ class EngineSide:
         self.worker, self.link, self.on_command = worker, link, on_command
         self.lent: Session | None = None
         self.pumped = 0.0
-        link.attach(worker.inbox.waker(WAKE))
+        link.attach(worker.inbox.waker())  # its loop drains the link every turn: the frame only wakes it
+        worker.owns_items = False  # the engine owns every item; the agent never frees one
+        worker.on_shutdown.append(self.shutdown)
 
     def drain(self, now: float) -> None:
         """Read a lent connection, then act on every request queued since the last turn, together."""
@@ -107,19 +109,6 @@ class ExternalPrefillWorker(PrefillWorker):
         construction)."""
         self.link = link
         self.side = EngineSide(self, link, self.on_command)
-
-    def dispatch(self, frames: list[bytes]) -> None:
-        if frames == [WAKE]:
-            self.side.drain(time.monotonic())
-            return
-        super().dispatch(frames)
-
-    def release(self, src: Any) -> None:
-        """The engine owns every item; the agent never frees one."""
-
-    def shutdown(self) -> None:
-        self.side.shutdown()
-        super().shutdown()
 
     def setup(self) -> None:
         super().setup()
@@ -234,19 +223,6 @@ class ExternalDecodeWorker(DecodeWorker):
         construction)."""
         self.link = link
         self.side = EngineSide(self, link, self.on_command)
-
-    def dispatch(self, frames: list[bytes]) -> None:
-        if frames == [WAKE]:
-            self.side.drain(time.monotonic())
-            return
-        super().dispatch(frames)
-
-    def release(self, src: Any) -> None:
-        """The engine owns every item; the agent never frees one."""
-
-    def shutdown(self) -> None:
-        self.side.shutdown()
-        super().shutdown()
 
     def tick(self, now: float) -> None:
         super().tick(now)
