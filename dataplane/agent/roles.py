@@ -167,33 +167,35 @@ class RoleWorker(abc.ABC):
         tight_timers()
         running, pause, inflight, active, spinning = 0, PAUSE_MIN, -1, 0.0, False
         spin = self.cfg.transfer.spin_microseconds * 1e-6
-        while not stop.is_set():
-            if spinning and not running:
-                self.inbox.spin(max(active, self.pushers.last_send) + spin)
-            first = self.inbox.recv(0 if running or spinning else self.idle_wait())
-            batch = [first, *self.inbox.drain(self.turn_messages - 1)] if first else []
-            with self.together(len(batch)):
-                for frames in batch:
-                    self.dispatch(frames)
-            self.transport.collect()
-            running = self.poll_transfers()
-            now = time.monotonic()
-            if first:
-                active = now
-            for room in self.rooms.expire(now):
-                self.on_expired(room)
-            self.tick(now)
-            if len(self.rooms) != inflight:
-                inflight = len(self.rooms)
-                self.metrics.set_inflight(inflight)
-            spinning = spin > 0 and now - max(active, self.pushers.last_send) < spin
-            if running:
-                pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
-                if spinning:  # the engine is polled no more often than when asleep
-                    self.inbox.spin(now + pause)
-                else:
-                    self.inbox.wait(pause)
-        self.shutdown()
+        try:
+            while not stop.is_set():
+                if spinning and not running:
+                    self.inbox.spin(max(active, self.pushers.last_send) + spin)
+                first = self.inbox.recv(0 if running or spinning else self.idle_wait())
+                batch = [first, *self.inbox.drain(self.turn_messages - 1)] if first else []
+                with self.together(len(batch)):
+                    for frames in batch:
+                        self.dispatch(frames)
+                self.transport.collect()
+                running = self.poll_transfers()
+                now = time.monotonic()
+                if first:
+                    active = now
+                for room in self.rooms.expire(now):
+                    self.on_expired(room)
+                self.tick(now)
+                if len(self.rooms) != inflight:
+                    inflight = len(self.rooms)
+                    self.metrics.set_inflight(inflight)
+                spinning = spin > 0 and now - max(active, self.pushers.last_send) < spin
+                if running:
+                    pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
+                    if spinning:  # the engine is polled no more often than when asleep
+                        self.inbox.spin(now + pause)
+                    else:
+                        self.inbox.wait(pause)
+        finally:
+            self.shutdown()  # also when a bug ends the loop: hooks run, sockets close
 
     def together(self, n: int) -> contextlib.AbstractContextManager[None]:
         """Handling ``n`` messages (or engine requests) that arrived together: the replies leave

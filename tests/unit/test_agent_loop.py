@@ -193,6 +193,31 @@ def test_a_runtime_whose_worker_cannot_be_made_closes_its_transport(monkeypatch:
     assert len(made) == 1 and made[0]._closed
 
 
+def test_a_worker_loop_that_fails_still_runs_its_shutdown():
+    """A bug that ends the loop must not leave the hooks undone (the sidecar's returns the engine's
+    connection to its thread, which would otherwise wait for it for ever) or the sockets open."""
+    from dataplane.agent import AgentRuntime
+    from dataplane.agent.launch import loopback_pair
+    from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.transports import mori_double
+
+    (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
+    rt = AgentRuntime(p_cfg, transport_sdk=mori_double)
+    worker, hooked = rt.worker, []
+    worker.on_shutdown.append(lambda: hooked.append("shut down"))
+
+    def broken(now: float) -> None:
+        raise RuntimeError("a bug in a turn")
+
+    worker.tick = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="a bug in a turn"):
+            worker.run(threading.Event())
+        assert hooked == ["shut down"]
+    finally:
+        rt.transport.close()
+
+
 def test_prefill_takes_a_burst_of_messages_a_few_per_turn():
     """Decode's metadata arrives in bursts (one write per turn); prefill handles at most
     ``turn_messages`` of them per turn, so its replies leave while the rest are still to do — and every
