@@ -3,9 +3,9 @@
 Per case (a block size, or a model profile's request mix) and in one run, side by side:
 
 - direct: the agent with its in-process synthetic engine, measured like ``bench transfer``'s agent
-  column (two ``pdpair-agent run`` processes, one room in flight, verification off);
+  column (two ``pdpair-agent run`` processes, ``--inflight`` rooms in flight, verification off);
 - sidecar: per role an agent in sidecar mode plus a synthetic engine process speaking the local API
-  (four processes), engine memory in shared memory, the same requests, one room in flight, no
+  (four processes), engine memory in shared memory, the same requests and rooms in flight, no
   verification. GB/s and µs per request come from the decode engine: bytes over its window from the
   first ``expect`` to the last Success, as the direct column measures decode's window.
 
