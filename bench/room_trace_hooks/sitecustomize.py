@@ -42,16 +42,18 @@ if _OUT:
     def _mark(room, step, at=None):
         _marks.setdefault(room, {})[step] = _now() if at is None else at
 
-    def _wrap(owner, name, before, after, room_of):
+    def _wrap(owner, name, before, after, room_of, lead=lambda: ""):
+        """Mark ``before`` / ``after`` (led by ``lead()``, the process's letter in sidecar mode) around
+        ``owner.name`` for the room ``room_of(args)`` names."""
         original = getattr(owner, name)
 
         def wrapped(*args, **kwargs):
             room = room_of(args)
             if room is not None and before:
-                _mark(room, before)
+                _mark(room, lead() + before)
             result = original(*args, **kwargs)
             if room is not None and after:
-                _mark(room, after)
+                _mark(room, lead() + after)
             return result
 
         setattr(owner, name, wrapped)
@@ -163,24 +165,10 @@ if _OUT:
 
     _engine.SyntheticEngineProcess.__init__ = engine_init
 
-    def _around(owner, name, room_of, before, after):
-        original = getattr(owner, name)
-
-        def wrapped(*args, **kwargs):
-            room = room_of(args)
-            if room is not None:
-                _mark(room, _who() + before)
-            result = original(*args, **kwargs)
-            if room is not None and after:
-                _mark(room, _who() + after)
-            return result
-
-        setattr(owner, name, wrapped)
-
-    _around(_client.AgentClient, "expect", lambda a: a[1], "s0", "s1")
-    _around(_client.AgentClient, "send", lambda a: a[1], "s0", "s1")
+    _wrap(_client.AgentClient, "expect", "s0", "s1", lambda a: a[1], _who)
+    _wrap(_client.AgentClient, "send", "s0", "s1", lambda a: a[1], _who)
     _request = lambda a: getattr(a[1], "room", None) if type(a[1]).__name__ in ("Send", "Expect") else None  # noqa: E731
-    _around(_server.Session, "handle", _request, "c0", "c1")
+    _wrap(_server.Session, "handle", "c0", "c1", _request, _who)
 
     def _picked(args):
         room = getattr(args[1], "room", None)
@@ -188,8 +176,8 @@ if _OUT:
             _state["room"] = room
         return room
 
-    _around(_workers.ExternalPrefillWorker, "on_command", _picked, "w0", "")
-    _around(_workers.ExternalDecodeWorker, "on_command", _picked, "w0", "")
+    _wrap(_workers.ExternalPrefillWorker, "on_command", "w0", "", _picked, _who)
+    _wrap(_workers.ExternalDecodeWorker, "on_command", "w0", "", _picked, _who)
 
     _start_expect = _workers.ExternalDecodeWorker.start_expect
 
