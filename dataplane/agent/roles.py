@@ -148,6 +148,9 @@ class RoleWorker(abc.ABC):
         self.owns_items = True
         """False when a serving engine owns every item (the sidecar): ``release`` frees nothing."""
         self.on_shutdown: list[Callable[[], None]] = []
+        self.spin_until = 0.0
+        """``time.monotonic()`` until which the loop polls without sleeping, whatever
+        ``transfer.spinMicroseconds`` says (the sidecar awaiting its engine's answer)."""
         """Run first when the worker's loop ends (the sidecar returns the engine's connection)."""
         self.setup()
 
@@ -165,12 +168,12 @@ class RoleWorker(abc.ABC):
 
     def run(self, stop: threading.Event) -> None:
         tight_timers()
-        running, pause, inflight, active, spinning = 0, PAUSE_MIN, -1, 0.0, False
+        running, pause, inflight, active, spinning, until = 0, PAUSE_MIN, -1, 0.0, False, 0.0
         spin = self.cfg.transfer.spin_microseconds * 1e-6
         try:
             while not stop.is_set():
                 if spinning and not running:
-                    self.inbox.spin(max(active, self.pushers.last_send) + spin)
+                    self.inbox.spin(until)
                 first = self.inbox.recv(0 if running or spinning else self.idle_wait())
                 batch = [first, *self.inbox.drain(self.turn_messages - 1)] if first else []
                 with self.together(len(batch)):
@@ -187,7 +190,8 @@ class RoleWorker(abc.ABC):
                 if len(self.rooms) != inflight:
                     inflight = len(self.rooms)
                     self.metrics.set_inflight(inflight)
-                spinning = spin > 0 and now - max(active, self.pushers.last_send) < spin
+                until = max(max(active, self.pushers.last_send) + spin if spin > 0 else 0.0, self.spin_until)
+                spinning = now < until
                 if running:
                     pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
                     if spinning:  # the engine is polled no more often than when asleep

@@ -42,6 +42,8 @@ def register(subparsers: Any) -> None:
                    help="prefill: send N rooms ahead (room ids from --room-base, sizes from --tokens)")
     p.add_argument("--huge-pages", choices=("auto", "always", "never"),
                    help="host pools in reserved 2 MiB huge pages (default: localapi.engine.hugePages)")
+    p.add_argument("--poll-us", type=int, default=0, metavar="US",
+                   help="idle, poll the agent without sleeping this long first (a busy scheduler loop)")
     p.add_argument("--no-verify", action="store_true", help="decode: skip byte verification (benchmarks)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=run)
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     )
     engine.verify_rooms = not args.no_verify and syn.verify
     engine.presend = args.presend
+    engine.poll_seconds = max(0, args.poll_us) * 1e-6
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

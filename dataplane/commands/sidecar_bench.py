@@ -16,9 +16,15 @@ round trip per request on the critical path), and ``presend`` — the prefill en
 before decode asks (a router handing the request to both sides), the order a real prefill engine
 that finished its forward pass produces; the ``presend_*`` columns.
 
-The defaults make each run's window last about a second on a 16-core host: with the earlier 64 MiB
-and 200 requests per case, a 4 KiB run lasted ~0.1 s and one run's ratio swung 0.6-1.0 between
-repetitions of the same code.
+The defaults make each run's window last about a second on a 16-core host: with 64 MiB and 200
+requests per case, a 4 KiB run lasted ~0.1 s and one run's ratio swung 0.6-1.0 between repetitions of
+the same code; with 1 GiB and 2,000 (sessions 3-18) a 1 MiB run at ~10 GB/s lasted ~0.1 s again.
+
+With a fixed number of rooms in flight, a room's slot stays empty from its Success until the engine's
+next request reaches the agent: two process wake-ups on the sidecar's path that the in-process engine
+never pays (~130 µs a room on the benchmark hosts). A serving engine's scheduler polls without
+sleeping (sglang's default), which ``--engine-poll-us`` models, and ``--reply-spin-us`` has the agent
+poll for the engine's answer (``localapi.engine.replySpinMicroseconds``).
 
 ``sidecar_huge_pages`` (table: ``huge``): both sidecar engines' pools were in reserved 2 MiB huge pages
 (``--huge-pages``, default ``auto``: when the host has enough). The direct agent's own pools get
@@ -37,6 +43,7 @@ import math
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +61,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--sizes", default=SIZES, help=f"block sizes (default: {SIZES})")
     p.add_argument("--mix", default="qwen3-next", help="model profile for the request-mix case ('' = none)")
-    p.add_argument("--case-bytes", type=int, default=1 << 30, help="bytes moved per case and run")
-    p.add_argument("--max-requests", type=int, default=2000, help="cap on requests per case and run")
+    p.add_argument("--case-bytes", type=int, default=8 << 30, help="bytes moved per case and run")
+    p.add_argument("--max-requests", type=int, default=8000, help="cap on requests per case and run")
     p.add_argument("--inflight", type=int, default=1, help="rooms in flight per decode, both setups")
     p.add_argument("--repeat", type=int, default=1, help="runs per setup; figures are medians")
     p.add_argument(
@@ -64,6 +71,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--huge-pages", choices=("auto", "always", "never"), default="auto",
         help="the sidecar engines' pools in reserved 2 MiB huge pages (default auto: when the host has them)",
+    )
+    p.add_argument(
+        "--engine-poll-us", type=int, default=0, metavar="US",
+        help="sidecar: the engines poll the agent without sleeping this long when idle (busy scheduler loop)",
+    )
+    p.add_argument(
+        "--reply-spin-us", type=int, default=0, metavar="US",
+        help="sidecar: the agents' localapi.engine.replySpinMicroseconds (poll for the engine's answer)",
     )
     add_compiled_option(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of cases")
@@ -82,12 +97,13 @@ def run(args: argparse.Namespace) -> int:
         label = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
         cases.append((label, block_config(size, requests, inflight=args.inflight)))
     if args.mix:
-        mix = mix_config(args.mix, min(args.max_requests, 1000), inflight=args.inflight)
+        mix = mix_config(args.mix, min(args.max_requests, 2000), inflight=args.inflight)
         cases.append((f"mix:{args.mix}", mix))
     results = []
     for label, cfg in cases:
         print(f"sidecar-bench: {label} ...", file=sys.stderr, flush=True)
-        row = run_case(label, with_warmup(cfg, args.warmup), args.repeat, args.huge_pages)
+        side = Sidecar(args.huge_pages, args.engine_poll_us, args.reply_spin_us)
+        row = run_case(label, with_warmup(cfg, args.warmup), args.repeat, side)
         results.append({**row, "compiled": compiled})
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
@@ -127,9 +143,18 @@ def per_request_cpu(spent: dict[str, float | None], rooms: int) -> dict[str, flo
     }
 
 
-def run_case(label: str, cfg: Any, repeat: int = 1, huge_pages: str = "auto") -> dict[str, Any]:
+@dataclass(frozen=True)
+class Sidecar:
+    """How the sidecar setup runs: the engines' pools, their idle polling, the agents' reply spin."""
+
+    huge_pages: str = "auto"
+    engine_poll_us: int = 0
+    reply_spin_us: int = 0
+
+
+def run_case(label: str, cfg: Any, repeat: int = 1, setup: Sidecar = Sidecar()) -> dict[str, Any]:
     runs = [
-        (direct_run(cfg), sidecar_run(cfg, False, huge_pages), sidecar_run(cfg, True, huge_pages))
+        (direct_run(cfg), sidecar_run(cfg, False, setup), sidecar_run(cfg, True, setup))
         for _ in range(repeat)
     ]
     med = statistics.median
@@ -149,6 +174,8 @@ def run_case(label: str, cfg: Any, repeat: int = 1, huge_pages: str = "auto") ->
         "interface_us": round(side["us"] - direct["us"], 1),
         "api_us": side["api_us"],
         "sidecar_huge_pages": huge,
+        "engine_poll_us": setup.engine_poll_us,
+        "reply_spin_us": setup.reply_spin_us,
         "presend_gbps": round(ahead["gbps"], 4),
         "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
         "presend_interface_us": round(ahead["us"] - direct["us"], 1),
@@ -172,17 +199,22 @@ def _rounded(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 1)
 
 
-def sidecar_run(cfg: Any, presend: bool, huge_pages: str = "auto") -> dict[str, Any]:
+def sidecar_run(cfg: Any, presend: bool, side: Sidecar = Sidecar()) -> dict[str, Any]:
+    import msgspec
+
     from ..agent.launch import CpuProbe
     from ..localapi.launch import SidecarPair
 
     syn = cfg.synthetic
+    if side.reply_spin_us:
+        engine = msgspec.structs.replace(cfg.localapi.engine, reply_spin_microseconds=side.reply_spin_us)
+        cfg = msgspec.structs.replace(cfg, localapi=msgspec.structs.replace(cfg.localapi, engine=engine))
     common = ["--requests", str(syn.requests), "--no-verify", "--room-base", str(1 << 40),
               "--tokens", ",".join(str(t) for t in syn.tokens)]
     inflight = syn.max_inflight
-    pages = ["--huge-pages", huge_pages]
-    prefill = [*common, "--presend", str(inflight + 1), *pages] if presend else pages
-    decode_args = [*common, "--inflight", str(inflight), *pages]
+    engine = ["--huge-pages", side.huge_pages, "--poll-us", str(side.engine_poll_us)]
+    prefill = [*common, "--presend", str(inflight + 1), *engine] if presend else engine
+    decode_args = [*common, "--inflight", str(inflight), *engine]
     with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-") as tmp, \
             SidecarPair(cfg, Path(tmp), decode_args=decode_args, prefill_args=prefill) as pair:
         cpu = CpuProbe(pair.agents["prefill"])

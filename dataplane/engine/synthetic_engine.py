@@ -86,8 +86,11 @@ class SyntheticEngineProcess:
         self.registered = False
         self.verify_rooms = True
         self.presend = 0
-        self.next_request = 0.0
         """Prefill: rooms to send ahead of decode's request (0: react to decode's requests)."""
+        self.poll_seconds = 0.0
+        """With nothing to do, look for the agent's pushes this long without sleeping (a serving
+        engine's scheduler loop polls its connector every iteration; 0: block at once)."""
+        self.next_request = 0.0
         self.bytes = 0
         self.api_seconds = 0.0
         self.api_calls = 0
@@ -182,7 +185,7 @@ class SyntheticEngineProcess:
             for st in self.client.take_incoming():
                 self.send_one(st)
         if not reaped and self.made == made:
-            self.client.wait_change(seen, 0.05)
+            self.client.wait_change(seen, 0.05, self.poll_seconds)
 
     def may_start(self, requests: int, max_inflight: int) -> bool:
         """Room for another request: under the in-flight cap, the count, and the canary's rate

@@ -221,15 +221,18 @@ class AgentClient:
                     time.sleep(min(left, 0.01))
                 self._pump(left)
 
-    def wait_change(self, since: int, timeout: float) -> None:
-        """Block until ``version`` moved past ``since`` (something arrived) or ``timeout``."""
-        deadline = time.monotonic() + timeout
+    def wait_change(self, since: int, timeout: float, poll: float = 0.0) -> None:
+        """Block until ``version`` moved past ``since`` (something arrived) or ``timeout``; for the
+        first ``poll`` seconds look without sleeping, as a serving engine's busy scheduler loop does
+        (the agent's push then needs no wake-up of this process)."""
+        now = time.monotonic()
+        deadline, busy = now + timeout, now + min(poll, timeout)
         with self._lock:
-            while self.version == since and (left := deadline - time.monotonic()) > 0:
+            while self.version == since and (left := deadline - (now := time.monotonic())) > 0:
                 if self._sock is None:
                     time.sleep(min(left, 0.01))
                     return
-                self._pump(left)
+                self._pump(0.0 if now < busy else left)
 
     def forget(self, room: int) -> None:
         with self._lock:

@@ -20,13 +20,14 @@ import msgspec
 
 from ..agent.launch import AgentProcess, loopback_pair, stop_process, tail
 from ..compiled import child as compiled_child
-from ..config import AgentConfig, EngineConfig, LocalApiConfig
+from ..config import AgentConfig
 from ..errors import PDPairError
 
 
 def external(cfg: AgentConfig, socket_path: Path) -> AgentConfig:
-    engine = EngineConfig(mode="external", socket_path=str(socket_path))
-    return msgspec.structs.replace(cfg, localapi=LocalApiConfig(engine=engine))
+    """``cfg`` in sidecar mode on ``socket_path`` (its other local API settings kept)."""
+    engine = msgspec.structs.replace(cfg.localapi.engine, mode="external", socket_path=str(socket_path))
+    return msgspec.structs.replace(cfg, localapi=msgspec.structs.replace(cfg.localapi, engine=engine))
 
 
 class EngineProcess:

@@ -128,15 +128,17 @@ class EngineLink:
             self._outbox.pop(room, None)
             self._outbox[room] = st
 
-    def flush(self) -> None:
-        """Push the states reported since the last flush (worker thread)."""
+    def flush(self) -> list[RoomState]:
+        """Push the states reported since the last flush (worker thread); the states pushed."""
         if not self._outbox:
-            return
+            return []
         states = list(self._outbox.values())
         self._outbox.clear()
         push = self._push
-        if push is not None:
-            push(states)
+        if push is None:
+            return []
+        push(states)
+        return states
 
     def state(self, room: int) -> RoomState:
         with self._lock:

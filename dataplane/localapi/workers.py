@@ -42,10 +42,15 @@ class EngineSide:
     link, the engine's connection once lent, the commands' hand-out, detach. ``worker`` is the role
     worker it serves; its ``on_command`` acts on each request."""
 
-    def __init__(self, worker: RoleWorker, link: EngineLink, on_command: Callable[[Command, float], None]):
+    def __init__(
+        self, worker: RoleWorker, link: EngineLink, on_command: Callable[[Command, float], None],
+        answered: tuple[int, ...] = (int(KVPoll.Success), int(KVPoll.Failed)),
+    ):
         self.worker, self.link, self.on_command = worker, link, on_command
         self.lent: Session | None = None
         self.pumped = 0.0
+        self.reply_spin = worker.cfg.localapi.engine.reply_spin_microseconds * 1e-6
+        self.answered = frozenset(answered)
         link.attach(worker.inbox.waker())  # its loop drains the link every turn: the frame only wakes it
         worker.owns_items = False  # the engine owns every item; the agent never frees one
         worker.on_shutdown.append(self.shutdown)
@@ -98,6 +103,13 @@ class EngineSide:
         self.link.flush()
         cmd.done.set()
 
+    def flush(self) -> None:
+        """Push the turn's room states; when one of them is ``answered`` by the engine (the states
+        it acts on), poll for the answer without sleeping for ``localapi.engine.replySpinMicroseconds``."""
+        pushed = self.link.flush()
+        if self.reply_spin and any(st.state in self.answered for st in pushed):
+            self.worker.spin_until = time.monotonic() + self.reply_spin
+
     def shutdown(self) -> None:
         self.give_back()
         self.link.flush()
@@ -108,7 +120,8 @@ class ExternalPrefillWorker(PrefillWorker):
         """Take rooms from the engine behind ``link`` (``sidecar.external_worker``, right after
         construction)."""
         self.link = link
-        self.side = EngineSide(self, link, self.on_command)
+        answered = (int(KVPoll.Success), int(KVPoll.Failed), int(KVPoll.WaitingForInput))
+        self.side = EngineSide(self, link, self.on_command, answered)
 
     def setup(self) -> None:
         super().setup()
@@ -214,7 +227,7 @@ class ExternalPrefillWorker(PrefillWorker):
                 self.sends.pop(room_id, None)
                 self.link.report(room_id, KVPoll.Failed, "no transfer request from decode by the deadline")
         super().tick(now)
-        self.link.flush()
+        self.side.flush()
 
 
 class ExternalDecodeWorker(DecodeWorker):
@@ -226,7 +239,7 @@ class ExternalDecodeWorker(DecodeWorker):
 
     def tick(self, now: float) -> None:
         super().tick(now)
-        self.link.flush()
+        self.side.flush()
 
     def setup(self) -> None:
         super().setup()

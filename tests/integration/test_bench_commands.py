@@ -49,8 +49,9 @@ def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> No
     huge = huge_pages() >= 8
     pages = "always" if huge else "never"
     args = ("--mix", "", "--inflight", "2", "--huge-pages", pages, "--compiled", "off")
-    (row,) = cli("sidecar-bench", *TINY, *args)
+    (row,) = cli("sidecar-bench", *TINY, *args, "--engine-poll-us", "200", "--reply-spin-us", "100")
     assert row["sidecar_huge_pages"] is huge and row["compiled"] is False
+    assert row["engine_poll_us"] == 200 and row["reply_spin_us"] == 100
     assert row["case"] == "64KiB" and row["requests"] == 24 and row["inflight"] == 2
     assert row["bytes"] % 24 == 0 and row["bytes"] >= 24 * (64 << 10)  # at least a page per request
     for key in ("direct_gbps", "sidecar_gbps", "presend_gbps", "api_us"):

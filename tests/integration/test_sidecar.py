@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -61,6 +62,20 @@ def test_every_profile_moves_engine_memory_verified_per_component(tmp_path, prof
         assert_verified(decode.report(), 12, components)
         prefill = pair.engines["prefill"]
         wait_for(lambda: prefill.count("succeeded") == 12, timeout=5, what="12 rooms sent by prefill")
+
+
+def test_polling_engines_and_agents_spinning_for_their_answers(tmp_path):
+    """The setting of a busy engine: engines that poll without sleeping (``--poll-us``), agents that
+    poll for the engine's next request after each room they finish (``replySpinMicroseconds``)."""
+    base = config(requests=24, tokens=(700, 0, 2048))
+    engine = msgspec.structs.replace(base.localapi.engine, reply_spin_microseconds=300)
+    cfg = msgspec.structs.replace(base, localapi=msgspec.structs.replace(base.localapi, engine=engine))
+    poll = ["--poll-us", "500"]
+    with SidecarPair(cfg, tmp_path, decode_args=poll, prefill_args=poll) as pair:
+        assert all(c.localapi.engine.reply_spin_microseconds == 300 for c in pair.cfg.values())
+        decode = pair.engines["decode"]
+        assert decode.wait(60) == 0, decode.log_tail()
+        assert_verified(decode.report(), 24, {"kv", "aux", "mamba"})
 
 
 def test_positional_state_types(tmp_path):

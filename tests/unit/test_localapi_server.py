@@ -311,3 +311,24 @@ def wait_until(predicate, timeout: float = 5.0):
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_wait_change_polls_first_then_sleeps_and_returns_on_a_push(served):
+    server, handler = served
+    with client(server) as c:
+        with SharedPools([(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]) as pools:
+            c.register_pools(pools.regions, pools.fds)
+        c.expect(9, [1], None, ())
+        since = c.version
+        start = time.monotonic()
+        c.wait_change(since, timeout=0.05, poll=0.01)  # nothing comes: polls 10 ms, sleeps the rest
+        assert c.version == since and time.monotonic() - start >= 0.05
+        for poll in (0.5, 0.0):  # the push lands while polling, then while asleep
+            since = c.version
+            timer = threading.Timer(0.02, handler.push, [[RoomState(room=9, state=3 + (poll == 0))]])
+            timer.start()
+            start = time.monotonic()
+            c.wait_change(since, timeout=2.0, poll=poll)
+            timer.join()
+            assert c.version > since and time.monotonic() - start < 1.0
+        assert c.poll(9) == (4, "")

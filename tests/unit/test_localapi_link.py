@@ -1,0 +1,74 @@
+"""The link's pushes and the external workers' reply spin: after pushing a state the engine answers,
+the worker polls for the answer instead of sleeping (``localapi.engine.replySpinMicroseconds``)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+
+from dataplane.codec import KVPoll
+from dataplane.config import AgentConfig
+from dataplane.localapi.link import EngineLink
+from dataplane.localapi.workers import EngineSide
+
+
+def worker(reply_spin_us: int) -> SimpleNamespace:
+    """The parts of a role worker ``EngineSide`` touches."""
+    base = AgentConfig()
+    engine = msgspec.structs.replace(base.localapi.engine, reply_spin_microseconds=reply_spin_us)
+    cfg = msgspec.structs.replace(base, localapi=msgspec.structs.replace(base.localapi, engine=engine))
+    inbox = SimpleNamespace(waker=lambda: lambda: None)
+    return SimpleNamespace(cfg=cfg, inbox=inbox, owns_items=True, on_shutdown=[], spin_until=0.0)
+
+
+def test_flush_pushes_the_latest_state_per_room_once_and_says_what_it_pushed():
+    pushed = []
+    link = EngineLink(pushed.append)
+    link.report(1, KVPoll.Bootstrapping)
+    link.report(2, KVPoll.WaitingForInput)
+    link.report(2, KVPoll.Transferring)
+    link.report(3, KVPoll.Success)
+    states = link.flush()
+    assert [(s.room, s.state) for s in states] == [(2, 3), (3, 4)]
+    assert pushed == [states] and link.flush() == []
+    assert link.state(1).state == 1 and link.state(3).state == 4
+
+
+@pytest.mark.parametrize(
+    ("answered", "state", "spins"),
+    [
+        ((4, 0), KVPoll.WaitingForInput, False),  # decode: the engine does not answer it
+        ((4, 0), KVPoll.Success, True),  # decode: the engine's next Expect
+        ((4, 0), KVPoll.Failed, True),
+        ((4, 0, 2), KVPoll.WaitingForInput, True),  # prefill: the engine's Send
+        ((4, 0, 2), KVPoll.Transferring, False),
+    ],
+)
+def test_the_worker_spins_after_pushing_a_state_the_engine_answers(answered, state, spins):
+    w = worker(300)
+    link = EngineLink(lambda states: None)
+    side = EngineSide(w, link, lambda cmd, now: None, answered)  # type: ignore[arg-type]
+    assert w.owns_items is False and w.on_shutdown == [side.shutdown]
+    link.report(5, state)
+    before = time.monotonic()
+    side.flush()
+    if spins:
+        assert before + 300e-6 <= w.spin_until <= time.monotonic() + 300e-6
+    else:
+        assert w.spin_until == 0.0
+
+
+def test_no_reply_spin_by_default_and_none_without_an_engine():
+    w = worker(0)
+    side = EngineSide(w, EngineLink(lambda states: None), lambda cmd, now: None)  # type: ignore[arg-type]
+    side.link.report(5, KVPoll.Success)
+    side.flush()
+    assert w.spin_until == 0.0
+    spinning = worker(300)
+    unpushed = EngineSide(spinning, EngineLink(None), lambda cmd, now: None)  # type: ignore[arg-type]
+    unpushed.link.report(5, KVPoll.Success)
+    unpushed.flush()  # no engine connected: nothing was pushed, nothing to wait for
+    assert spinning.spin_until == 0.0
