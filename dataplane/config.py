@@ -211,11 +211,12 @@ class EngineConfig(_Base, frozen=True):
     socket_path: str = "/var/run/pdpair/agent.sock"
     """The local API's Unix socket, in a volume the engine's and the agent's containers share."""
     max_frame_bytes: int = 4 << 20
-    reply_spin_microseconds: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 0
+    reply_spin_microseconds: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 200
     """After pushing the engine a state it answers (a room finished; prefill: decode asked for a room),
     the role worker polls without sleeping this long for the answer (the next ``Expect`` or ``Send``):
     a serving engine's scheduler loop polls without sleeping, so its answer comes within tens of µs,
-    and a sleeping worker's wake-up would cost more than that. 0: never spin."""
+    and a sleeping worker's wake-up (50-85 µs on the benchmark hosts) would cost more than that. At
+    most this much CPU per push; 0: never spin. Only in ``external`` mode."""
     huge_pages: Literal["auto", "always", "never"] = "auto"
     """Where the synthetic engine process takes its host pools: reserved 2 MiB huge pages when the
     host (or the container's ``hugepages-2Mi``) has enough (``auto``), only there (``always``), or

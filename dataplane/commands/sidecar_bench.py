@@ -22,9 +22,11 @@ the same code; with 1 GiB and 2,000 (sessions 3-18) a 1 MiB run at ~10 GB/s last
 
 With a fixed number of rooms in flight, a room's slot stays empty from its Success until the engine's
 next request reaches the agent: two process wake-ups on the sidecar's path that the in-process engine
-never pays (~130 µs a room on the benchmark hosts). A serving engine's scheduler polls without
-sleeping (sglang's default), which ``--engine-poll-us`` models, and ``--reply-spin-us`` has the agent
-poll for the engine's answer (``localapi.engine.replySpinMicroseconds``).
+never pays (~130 µs a room on the benchmark hosts). A serving engine's scheduler loop polls without
+sleeping (sglang's default; ``--sleep-on-idle`` turns it off), which the synthetic engines do here for
+``--engine-poll-us`` after each event (default 1000 µs; 0: they block at once), and the agents poll
+for the engine's answer after pushing a state it acts on (``--reply-spin-us``, default the config's
+``localapi.engine.replySpinMicroseconds``).
 
 ``sidecar_huge_pages`` (table: ``huge``): both sidecar engines' pools were in reserved 2 MiB huge pages
 (``--huge-pages``, default ``auto``: when the host has enough). The direct agent's own pools get
@@ -73,12 +75,13 @@ def register(subparsers: Any) -> None:
         help="the sidecar engines' pools in reserved 2 MiB huge pages (default auto: when the host has them)",
     )
     p.add_argument(
-        "--engine-poll-us", type=int, default=0, metavar="US",
-        help="sidecar: the engines poll the agent without sleeping this long when idle (busy scheduler loop)",
+        "--engine-poll-us", type=int, default=1000, metavar="US",
+        help="sidecar: idle, the engines poll the agent without sleeping this long first, as a serving "
+        "engine's scheduler loop does (default 1000; 0: they block at once)",
     )
     p.add_argument(
-        "--reply-spin-us", type=int, default=0, metavar="US",
-        help="sidecar: the agents' localapi.engine.replySpinMicroseconds (poll for the engine's answer)",
+        "--reply-spin-us", type=int, metavar="US",
+        help="sidecar: the agents' localapi.engine.replySpinMicroseconds (default: the config's, 200)",
     )
     add_compiled_option(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of cases")
@@ -149,7 +152,8 @@ class Sidecar:
 
     huge_pages: str = "auto"
     engine_poll_us: int = 0
-    reply_spin_us: int = 0
+    reply_spin_us: int | None = None
+    """None: the config's ``localapi.engine.replySpinMicroseconds``."""
 
 
 def run_case(label: str, cfg: Any, repeat: int = 1, setup: Sidecar = Sidecar()) -> dict[str, Any]:
@@ -157,7 +161,7 @@ def run_case(label: str, cfg: Any, repeat: int = 1, setup: Sidecar = Sidecar()) 
         (direct_run(cfg), sidecar_run(cfg, False, setup), sidecar_run(cfg, True, setup))
         for _ in range(repeat)
     ]
-    med = statistics.median
+    med, spin = statistics.median, setup.reply_spin_us
     direct, side, ahead = ({k: med(r[i][k] for r in runs) for k in runs[0][i]} for i in range(3))
     huge = all(r[i]["huge_pages"] for r in runs for i in (1, 2))
     return {
@@ -175,7 +179,7 @@ def run_case(label: str, cfg: Any, repeat: int = 1, setup: Sidecar = Sidecar()) 
         "api_us": side["api_us"],
         "sidecar_huge_pages": huge,
         "engine_poll_us": setup.engine_poll_us,
-        "reply_spin_us": setup.reply_spin_us,
+        "reply_spin_us": cfg.localapi.engine.reply_spin_microseconds if spin is None else spin,
         "presend_gbps": round(ahead["gbps"], 4),
         "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
         "presend_interface_us": round(ahead["us"] - direct["us"], 1),
@@ -206,7 +210,7 @@ def sidecar_run(cfg: Any, presend: bool, side: Sidecar = Sidecar()) -> dict[str,
     from ..localapi.launch import SidecarPair
 
     syn = cfg.synthetic
-    if side.reply_spin_us:
+    if side.reply_spin_us is not None:
         engine = msgspec.structs.replace(cfg.localapi.engine, reply_spin_microseconds=side.reply_spin_us)
         cfg = msgspec.structs.replace(cfg, localapi=msgspec.structs.replace(cfg.localapi, engine=engine))
     common = ["--requests", str(syn.requests), "--no-verify", "--room-base", str(1 << 40),

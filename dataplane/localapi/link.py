@@ -2,13 +2,14 @@
 
 The connection thread validates an engine request and ``submit``s it; the worker thread (the only one
 allowed to touch the transport) ``drain``s commands on its loop and ``report``s room states back,
-which are kept for ``Poll`` and pushed to the engine by ``flush``, once per turn of the worker's loop:
-one socket write for every state of that turn, the latest per room (states only move forward, so an
-engine never misses a terminal state). Bootstrapping is never pushed: it is what the client assumes
-of a room it has not heard about. ``submit`` wakes the worker — once per batch of commands, not per
-command — through the inbox's ``control.Waker``: a one-frame ``WAKE`` into its ``inproc://`` address
-when the worker sleeps, so a request never waits out its idle sleep; an awake worker gets no frame and
-drains the link in its next turn (prefill's ``tick``, decode's ``generate`` drain every turn).
+which are kept for ``Poll`` and pushed to the engine by ``flush``: one socket write for every state
+not yet pushed, the latest per room (states only move forward, so an engine never misses a terminal
+state). The worker decides when (``workers.EngineSide.flush``). Bootstrapping is never pushed: it is
+what the client assumes of a room it has not heard about. ``submit`` wakes the worker — once per batch
+of commands, not per command — through the inbox's ``control.Waker``: a one-frame ``WAKE`` into its
+``inproc://`` address when the worker sleeps, so a request never waits out its idle sleep; an awake
+worker gets no frame and drains the link in its next turn (prefill's ``tick``, decode's ``generate``
+drain every turn).
 Once the engine's connection is lent to the worker (``lend``), the worker reads the requests itself
 and ``queue``s them: no other thread, no wake-up.
 """
@@ -16,6 +17,7 @@ and ``queue``s them: no other thread, no wake-up.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +86,8 @@ class EngineLink:
         self._wake: Callable[[], None] = _no_worker
         self.session: Session | None = None
         """The engine's connection while it is lent to the worker."""
+        self.since = 0.0
+        """``time.monotonic()`` when the oldest state not yet pushed was reported."""
 
     def attach(self, wake: Callable[[], None]) -> None:
         """Called by the worker: how ``submit`` wakes it (its ``Inbox.waker()``)."""
@@ -125,8 +129,14 @@ class EngineLink:
             while len(self._states) > KEEP_STATES:
                 self._states.popitem(last=False)
         if st.state != BOOTSTRAPPING:
+            if not self._outbox:
+                self.since = time.monotonic()
             self._outbox.pop(room, None)
             self._outbox[room] = st
+
+    def unpushed(self) -> list[RoomState]:
+        """The states ``flush`` would push now (the oldest was reported at ``since``)."""
+        return list(self._outbox.values())
 
     def flush(self) -> list[RoomState]:
         """Push the states reported since the last flush (worker thread); the states pushed."""

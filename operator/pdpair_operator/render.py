@@ -77,7 +77,8 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
         ),
         identity=ac.IdentityConfig(namespace=owner.namespace, pdpair=owner.name, generation=generation),
         localapi=ac.LocalApiConfig(engine=ac.EngineConfig(
-            mode="external" if spec.engine.sidecar else "synthetic", socket_path=LOCALAPI_SOCKET)),
+            mode="external" if spec.engine.sidecar else "synthetic", socket_path=LOCALAPI_SOCKET,
+            reply_spin_microseconds=spec.engine.reply_spin_microseconds)),
     )
 
 

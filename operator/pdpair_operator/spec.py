@@ -153,6 +153,8 @@ class Engine(_Spec, frozen=True):
     args: list[str] = []
     env: list[EnvVar] = []
     resources: EngineResources = EngineResources()
+    reply_spin_microseconds: int = 200
+    """The sidecar agent's ``localapi.engine.replySpinMicroseconds``."""
 
     @property
     def sidecar(self) -> bool:

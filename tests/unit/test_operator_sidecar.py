@@ -37,6 +37,12 @@ def test_named_engine_image_runs_beside_the_agent_sharing_the_socket_volume():
     assert {"name": "localapi", "emptyDir": {}} in spec["volumes"]
     assert cfg.localapi.engine.mode == "external"
     assert cfg.localapi.engine.socket_path == "/var/run/pdpair/agent.sock"
+    assert cfg.localapi.engine.reply_spin_microseconds == 200
+
+
+def test_reply_spin_reaches_the_sidecar_agents_config():
+    _, cfg = pod_and_config(engine={"mode": "sidecar", "replySpinMicroseconds": 0})
+    assert cfg.localapi.engine.reply_spin_microseconds == 0
 
 
 def test_sidecar_without_image_runs_the_synthetic_engine_as_the_canary():
