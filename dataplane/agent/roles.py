@@ -148,10 +148,10 @@ class RoleWorker(abc.ABC):
         self.owns_items = True
         """False when a serving engine owns every item (the sidecar): ``release`` frees nothing."""
         self.on_shutdown: list[Callable[[], None]] = []
+        """Run first when the worker's loop ends (the sidecar returns the engine's connection)."""
         self.spin_until = 0.0
         """``time.monotonic()`` until which the loop polls without sleeping, whatever
         ``transfer.spinMicroseconds`` says (the sidecar awaiting its engine's answer)."""
-        """Run first when the worker's loop ends (the sidecar returns the engine's connection)."""
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - an optional hook, not abstract

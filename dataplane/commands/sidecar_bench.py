@@ -151,7 +151,7 @@ class Sidecar:
     """How the sidecar setup runs: the engines' pools, their idle polling, the agents' reply spin."""
 
     huge_pages: str = "auto"
-    engine_poll_us: int = 0
+    engine_poll_us: int = 1000
     reply_spin_us: int | None = None
     """None: the config's ``localapi.engine.replySpinMicroseconds``."""
 

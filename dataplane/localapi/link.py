@@ -134,6 +134,10 @@ class EngineLink:
             self._outbox.pop(room, None)
             self._outbox[room] = st
 
+    def pending(self) -> bool:
+        """Whether a state waits to be pushed."""
+        return bool(self._outbox)
+
     def unpushed(self) -> list[RoomState]:
         """The states ``flush`` would push now (the oldest was reported at ``since``)."""
         return list(self._outbox.values())

@@ -112,10 +112,9 @@ class EngineSide:
         room. After pushing an ``answered`` state, poll for the engine's answer without sleeping for
         ``localapi.engine.replySpinMicroseconds``."""
         link = self.link
-        states = link.unpushed()
-        if not states:
+        if not link.pending():
             return
-        urgent = any(st.state in self.answered for st in states)
+        urgent = any(st.state in self.answered for st in link.unpushed())
         if not urgent and now - link.since < SHOW_WITHIN:
             return
         if link.flush() and urgent and self.reply_spin:
@@ -123,7 +122,7 @@ class EngineSide:
 
     def idle_wait(self, wait: float) -> float:
         """The worker's idle sleep, cut short to push a waiting state within ``SHOW_WITHIN``."""
-        if not self.link.unpushed():
+        if not self.link.pending():
             return wait
         return min(wait, max(0.0, self.link.since + SHOW_WITHIN - time.monotonic()))
 
