@@ -175,20 +175,21 @@ class Inbox:
         finally:
             self.sleeping = False
 
-    def spin(self, deadline: float) -> None:
+    def spin(self, deadline: float) -> bool:
         """Poll without sleeping until a descriptor turns ready (a message, or ZMQ's own traffic:
         the caller's ``recv`` then finds out which) or ``time.monotonic()`` reaches ``deadline``: one
         ``select`` of zero timeout per check (~1 µs), where a turn of the worker's loop costs tens.
         A helper's hand-off ends it too (a spinning worker is not ``sleeping``: no ``WAKE`` frame comes).
         A thread that is not asleep needs no wake-up, and its peer's send wakes no one: on the
         16-core host a round trip over a lane takes 22-25 µs with both ends spinning, 71-73 with both
-        asleep (``bench/control_floor.py``)."""
+        asleep (``bench/control_floor.py``). True: something turned ready."""
         sock = self._sock
         for _ in range(SPIN_CHECKS):
             if self.handed_over or self._queued or sock.getsockopt(_EVENTS) & _POLLIN or self._ready(0.0):
-                return
+                return True
             if time.monotonic() >= deadline:
-                return
+                return False
+        return False
 
     def _ready(self, timeout: float) -> set[int]:
         """Wait up to ``timeout`` for descriptors to turn ready (readable, or writable for a lane

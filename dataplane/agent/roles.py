@@ -173,7 +173,7 @@ class RoleWorker(abc.ABC):
         try:
             while not stop.is_set():
                 if spinning and not running:
-                    self.inbox.spin(until)
+                    self.inbox.spin(min(until, time.monotonic() + self.idle_wait()))
                 first = self.inbox.recv(0 if running or spinning else self.idle_wait())
                 batch = [first, *self.inbox.drain(self.turn_messages - 1)] if first else []
                 with self.together(len(batch)):
@@ -194,10 +194,9 @@ class RoleWorker(abc.ABC):
                 spinning = now < until
                 if running:
                     pause = PAUSE_MIN if now - active < TIGHT else min(pause * 2, PAUSE_MAX)
-                    if spinning:  # the engine is polled no more often than when asleep
-                        self.inbox.spin(now + pause)
-                    else:
-                        self.inbox.wait(pause)
+                    end = now + min(pause, self.idle_wait())  # the engine is polled no more often than asleep
+                    if not (spinning and self.inbox.spin(min(end, until))):
+                        self.inbox.wait(end - time.monotonic())
         finally:
             self.shutdown()  # also when a bug ends the loop: hooks run, sockets close
 

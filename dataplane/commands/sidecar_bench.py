@@ -23,8 +23,9 @@ the same code; with 1 GiB and 2,000 (sessions 3-18) a 1 MiB run at ~10 GB/s last
 With a fixed number of rooms in flight, a room's slot stays empty from its Success until the engine's
 next request reaches the agent: two process wake-ups on the sidecar's path that the in-process engine
 never pays (~130 µs a room on the benchmark hosts). A serving engine's scheduler loop polls without
-sleeping (sglang's default; ``--sleep-on-idle`` turns it off), which the synthetic engines do here for
-``--engine-poll-us`` after each event (default 1000 µs; 0: they block at once), and the agents poll
+sleeping (sglang's default; ``--sleep-on-idle`` turns it off), which the synthetic engines do here:
+each of their waits polls for ``--engine-poll-us`` before it blocks (default 1000 µs, so with rooms in
+flight they hardly sleep, and idle they poll ~1 ms of every 50; 0: they block at once), and the agents poll
 for the engine's answer after pushing a state it acts on (``--reply-spin-us``, default the config's
 ``localapi.engine.replySpinMicroseconds``).
 

@@ -193,6 +193,50 @@ def test_a_runtime_whose_worker_cannot_be_made_closes_its_transport(monkeypatch:
     assert len(made) == 1 and made[0]._closed
 
 
+@pytest.mark.parametrize("reply_spin_us", [0, 100_000])
+def test_a_sidecar_worker_polls_for_its_engines_answer_after_pushing_what_it_acts_on(reply_spin_us):
+    """After pushing a state the engine acts on (here the Failed of an aborted room), the worker's
+    loop polls without sleeping for ``replySpinMicroseconds`` (CPU on its thread), then sleeps."""
+    import functools
+
+    import msgspec
+
+    from dataplane.agent import AgentRuntime
+    from dataplane.agent.launch import loopback_pair
+    from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.localapi.link import AbortCmd, EngineLink
+    from dataplane.localapi.sidecar import external_worker
+    from dataplane.transports import mori_double
+
+    base = AgentConfig(transfer=TransferConfig(backend="mori"))
+    engine = msgspec.structs.replace(base.localapi.engine, reply_spin_microseconds=reply_spin_us)
+    _, (d_cfg,) = loopback_pair(msgspec.structs.replace(base, localapi=msgspec.structs.replace(
+        base.localapi, engine=engine)))
+    pushed: list = []
+    link = EngineLink(pushed.append)
+    rt = AgentRuntime(
+        d_cfg, transport_sdk=mori_double, worker_factory=functools.partial(external_worker, link=link)
+    )
+    worker, stop = rt.worker, threading.Event()
+    worker.start(stop)
+    try:
+        time.sleep(0.2)  # start-up's own work done
+        link.submit(AbortCmd(7, "engine gave up"))
+        deadline = time.monotonic() + 5
+        while not pushed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert [(st.room, st.state) for st in pushed[0]] == [(7, 0)]
+        cpu = worker.metrics.worker_cpu.seconds() or 0.0
+        time.sleep(0.3)
+        spent = (worker.metrics.worker_cpu.seconds() or 0.0) - cpu
+        assert (0.04 <= spent < 0.2) if reply_spin_us else spent < 0.04, spent
+    finally:
+        stop.set()
+        if worker.thread is not None:
+            worker.thread.join(5)
+        rt.transport.close()
+
+
 def test_a_worker_loop_that_fails_still_runs_its_shutdown():
     """A bug that ends the loop must not leave the hooks undone (the sidecar's returns the engine's
     connection to its thread, which would otherwise wait for it for ever) or the sockets open."""
