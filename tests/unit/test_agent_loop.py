@@ -217,8 +217,8 @@ def test_a_sidecar_worker_polls_for_its_engines_answer_after_pushing_what_it_act
     rt = AgentRuntime(
         d_cfg, transport_sdk=mori_double, worker_factory=functools.partial(external_worker, link=link)
     )
-    worker, stop = rt.worker, threading.Event()
-    worker.start(stop)
+    worker = rt.worker
+    worker.start(rt.stop_event)
     try:
         time.sleep(0.2)  # start-up's own work done
         link.submit(AbortCmd(7, "engine gave up"))
@@ -231,10 +231,7 @@ def test_a_sidecar_worker_polls_for_its_engines_answer_after_pushing_what_it_act
         spent = (worker.metrics.worker_cpu.seconds() or 0.0) - cpu
         assert (0.04 <= spent < 0.2) if reply_spin_us else spent < 0.04, spent
     finally:
-        stop.set()
-        if worker.thread is not None:
-            worker.thread.join(5)
-        rt.transport.close()
+        rt.stop()  # its ZMQ context too: one left to the garbage collector can block in ``term``
 
 
 def test_a_worker_loop_that_fails_still_runs_its_shutdown():
