@@ -8,7 +8,7 @@ imports this module too: it must stay free of numpy, torch and the engines. Libr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -245,6 +245,11 @@ class AgentConfig(_Base, frozen=True):
     @property
     def tp_size(self) -> int:
         return self.prefill.tp_size if self.role == "prefill" else self.decode.tp_size
+
+    def with_engine(self, **changes: Any) -> AgentConfig:
+        """This config with ``localapi.engine``'s fields in ``changes`` replaced, the others kept."""
+        engine = msgspec.structs.replace(self.localapi.engine, **changes)
+        return msgspec.structs.replace(self, localapi=msgspec.structs.replace(self.localapi, engine=engine))
 
 
 def parse_config(data: bytes | str, *, source: str = "<config>") -> AgentConfig:

@@ -60,8 +60,7 @@ def load(args: argparse.Namespace) -> Any:
     cfg = msgspec.structs.replace(cfg, role=args.role, model=model, tp_rank=tp_rank)
     if args.huge_pages is None:
         return cfg
-    engine = msgspec.structs.replace(cfg.localapi.engine, huge_pages=args.huge_pages)
-    return msgspec.structs.replace(cfg, localapi=msgspec.structs.replace(cfg.localapi, engine=engine))
+    return cfg.with_engine(huge_pages=args.huge_pages)
 
 
 def run(args: argparse.Namespace) -> int:

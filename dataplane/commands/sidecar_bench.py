@@ -205,15 +205,12 @@ def _rounded(value: float) -> float | None:
 
 
 def sidecar_run(cfg: Any, presend: bool, side: Sidecar = Sidecar()) -> dict[str, Any]:
-    import msgspec
-
     from ..agent.launch import CpuProbe
     from ..localapi.launch import SidecarPair
 
     syn = cfg.synthetic
     if side.reply_spin_us is not None:
-        engine = msgspec.structs.replace(cfg.localapi.engine, reply_spin_microseconds=side.reply_spin_us)
-        cfg = msgspec.structs.replace(cfg, localapi=msgspec.structs.replace(cfg.localapi, engine=engine))
+        cfg = cfg.with_engine(reply_spin_microseconds=side.reply_spin_us)
     common = ["--requests", str(syn.requests), "--no-verify", "--room-base", str(1 << 40),
               "--tokens", ",".join(str(t) for t in syn.tokens)]
     inflight = syn.max_inflight

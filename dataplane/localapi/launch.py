@@ -26,8 +26,7 @@ from ..errors import PDPairError
 
 def external(cfg: AgentConfig, socket_path: Path) -> AgentConfig:
     """``cfg`` in sidecar mode on ``socket_path`` (its other local API settings kept)."""
-    engine = msgspec.structs.replace(cfg.localapi.engine, mode="external", socket_path=str(socket_path))
-    return msgspec.structs.replace(cfg, localapi=msgspec.structs.replace(cfg.localapi, engine=engine))
+    return cfg.with_engine(mode="external", socket_path=str(socket_path))
 
 
 class EngineProcess:

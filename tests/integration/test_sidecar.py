@@ -13,7 +13,6 @@ import signal
 import time
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pytest
 
@@ -67,9 +66,7 @@ def test_every_profile_moves_engine_memory_verified_per_component(tmp_path, prof
 def test_polling_engines_and_agents_spinning_for_their_answers(tmp_path):
     """The setting of a busy engine: engines that poll without sleeping (``--poll-us``), agents that
     poll for the engine's next request after each room they finish (``replySpinMicroseconds``)."""
-    base = config(requests=24, tokens=(700, 0, 2048))
-    engine = msgspec.structs.replace(base.localapi.engine, reply_spin_microseconds=300)
-    cfg = msgspec.structs.replace(base, localapi=msgspec.structs.replace(base.localapi, engine=engine))
+    cfg = config(requests=24, tokens=(700, 0, 2048)).with_engine(reply_spin_microseconds=300)
     poll = ["--poll-us", "500"]
     with SidecarPair(cfg, tmp_path, decode_args=poll, prefill_args=poll) as pair:
         assert all(c.localapi.engine.reply_spin_microseconds == 300 for c in pair.cfg.values())

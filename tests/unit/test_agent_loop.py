@@ -199,8 +199,6 @@ def test_a_sidecar_worker_polls_for_its_engines_answer_after_pushing_what_it_act
     loop polls without sleeping for ``replySpinMicroseconds`` (CPU on its thread), then sleeps."""
     import functools
 
-    import msgspec
-
     from dataplane.agent import AgentRuntime
     from dataplane.agent.launch import loopback_pair
     from dataplane.config import AgentConfig, TransferConfig
@@ -209,9 +207,7 @@ def test_a_sidecar_worker_polls_for_its_engines_answer_after_pushing_what_it_act
     from dataplane.transports import mori_double
 
     base = AgentConfig(transfer=TransferConfig(backend="mori"))
-    engine = msgspec.structs.replace(base.localapi.engine, reply_spin_microseconds=reply_spin_us)
-    _, (d_cfg,) = loopback_pair(msgspec.structs.replace(base, localapi=msgspec.structs.replace(
-        base.localapi, engine=engine)))
+    _, (d_cfg,) = loopback_pair(base.with_engine(reply_spin_microseconds=reply_spin_us))
     pushed: list = []
     link = EngineLink(pushed.append)
     rt = AgentRuntime(

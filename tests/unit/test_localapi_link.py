@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-import msgspec
 import pytest
 
 from dataplane.codec import KVPoll
@@ -18,9 +17,7 @@ from dataplane.localapi.workers import SHOW_WITHIN, EngineSide
 
 def worker(reply_spin_us: int) -> SimpleNamespace:
     """The parts of a role worker ``EngineSide`` touches."""
-    base = AgentConfig()
-    engine = msgspec.structs.replace(base.localapi.engine, reply_spin_microseconds=reply_spin_us)
-    cfg = msgspec.structs.replace(base, localapi=msgspec.structs.replace(base.localapi, engine=engine))
+    cfg = AgentConfig().with_engine(reply_spin_microseconds=reply_spin_us)
     inbox = SimpleNamespace(waker=lambda: lambda: None)
     return SimpleNamespace(cfg=cfg, inbox=inbox, owns_items=True, on_shutdown=[], spin_until=0.0)
 

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from dataplane.codec import encode_manifest, manifest_from_schema
-from dataplane.config import AgentConfig, EngineConfig, LocalApiConfig, ModelConfig
+from dataplane.config import AgentConfig, ModelConfig
 from dataplane.errors import AgentUnavailable, DeadlineExceeded, LocalApiError
 from dataplane.localapi import AgentClient, SharedPools
 from dataplane.localapi.frames import FrameReader, send_frame
@@ -245,8 +245,7 @@ def test_client_times_out_on_a_frozen_agent(tmp_path):
     ],
 )
 def test_sidecar_refuses_a_mismatched_engine(tmp_path, change, match):
-    cfg = msgspec.structs.replace(CFG, localapi=LocalApiConfig(engine=EngineConfig(
-        mode="external", socket_path=str(tmp_path / "s.sock"))))
+    cfg = CFG.with_engine(mode="external", socket_path=str(tmp_path / "s.sock"))
     sidecar = Sidecar(cfg)
     hello = msgspec.structs.replace(
         Hello(version=1, role="prefill", engine_id="e", manifest=manifest()), **change
