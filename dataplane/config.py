@@ -224,6 +224,17 @@ class EngineConfig(_Base, frozen=True):
     rate on the hosts measured)."""
 
 
+class AuthConfig(_Base, frozen=True):
+    """Who may pair with this agent and steer it: peers prove they hold the PDPair's shared key."""
+
+    key_file: str | None = None
+    """The PDPair's pairing key (the operator mounts the PDPair's Secret here, in the agent's container
+    only). The handshake proves possession of it without sending it."""
+    allow_plain_peers: bool = False
+    """Also pair with plain sglang peers, which send no proof of the key (the PDPair's
+    ``security.allowPlainSglangPeers``)."""
+
+
 class LocalApiConfig(_Base, frozen=True):
     engine: EngineConfig = EngineConfig()
 
@@ -241,6 +252,7 @@ class AgentConfig(_Base, frozen=True):
     identity: IdentityConfig = IdentityConfig()
     synthetic: SyntheticConfig = SyntheticConfig()
     localapi: LocalApiConfig = LocalApiConfig()
+    auth: AuthConfig = AuthConfig()
 
     @property
     def tp_size(self) -> int:
