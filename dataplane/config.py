@@ -17,6 +17,7 @@ from .errors import BadInput
 Role = Literal["prefill", "decode"]
 Backend = Literal["nixl", "mori", "cuda-ipc"]
 FORMAT_VERSION = 1
+MIN_KEY_BYTES = 32
 
 
 class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -233,6 +234,25 @@ class AuthConfig(_Base, frozen=True):
     allow_plain_peers: bool = False
     """Also pair with plain sglang peers, which send no proof of the key (the PDPair's
     ``security.allowPlainSglangPeers``)."""
+
+    def read_key(self) -> bytes | None:
+        """The pairing key's bytes (None without ``keyFile``); a missing, unreadable or short file is
+        the user's mistake, named with its fix."""
+        if self.key_file is None:
+            return None
+        try:
+            key = Path(self.key_file).read_bytes()
+        except OSError as exc:
+            raise BadInput(
+                f"auth.keyFile {self.key_file}: cannot read it ({exc.strerror}); mount the PDPair's "
+                "pairing Secret there or fix the path"
+            ) from None
+        if len(key) < MIN_KEY_BYTES:
+            raise BadInput(
+                f"auth.keyFile {self.key_file}: {len(key)} bytes, a pairing key has at least "
+                f"{MIN_KEY_BYTES} (make one with: head -c 32 /dev/urandom > {self.key_file})"
+            )
+        return key
 
 
 class LocalApiConfig(_Base, frozen=True):
