@@ -11,7 +11,7 @@ import numpy as np
 
 from dataplane.codec import Registration, TransferMetadata
 
-VECTORS_PATH = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "sglang-0.5.23-mori-wire.json"
+VECTORS_PATH = Path(__file__).resolve().parents[1] / "vectors" / "sglang-0.5.23-mori-wire.json"
 VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text())
 
 

@@ -4,22 +4,19 @@ mori 1.2.4's real blobs (the golden vectors)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from codec_vectors import VECTORS
 
 from dataplane.errors import DeadlineExceeded, PeerGone, TransferFailed, WireFormatError
 from dataplane.transports import MemoryRegion, TransferState, Writes, mori_double
 from dataplane.transports.blocks import block_indices, block_size, layout
 from dataplane.transports.mori import MoriTransport
-
-VECTORS = Path("/work/shared/vectors/sglang-0.5.23-mori-wire.json")
 
 
 @pytest.fixture
@@ -92,7 +89,7 @@ def test_memory_of_another_engine_is_refused(setup: Any) -> None:
 
 
 def _vectors() -> list[tuple[str, bytes]]:
-    regs = json.loads(VECTORS.read_text())["registration"]
+    regs = VECTORS["registration"]
     out = []
     for r in regs:
         i = r["inputs"]

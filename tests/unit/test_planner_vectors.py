@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from codec_vectors import VECTORS
 
 from dataplane.planner import contiguous_runs, group_concurrent_contiguous, slice_byte_blocks
-
-VECTORS = json.loads(
-    (Path(__file__).resolve().parents[3] / "shared" / "vectors" / "sglang-0.5.23-mori-wire.json").read_text()
-)
 
 
 @pytest.mark.parametrize("case", VECTORS["group_concurrent_contiguous"], ids=lambda c: str(c["src"]))

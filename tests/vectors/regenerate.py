@@ -1,0 +1,208 @@
+"""Regenerates ``sglang-0.5.23-mori-wire.json`` from sglang 0.5.23's own functions.
+
+Each case's ``inputs`` (or ``lists`` / ``src`` / ``args``) are the cases' definition and stay as
+committed; everything sglang computes from them — frames, packed bytes, parsed fields, groups, byte
+blocks — is produced anew by the functions named in the case's ``source``, cut out of the sglang wheel
+by ``dataplane/bench/sglang_ref.py`` (``pip download sglang==0.5.23 --no-deps`` on first use, cached).
+The EngineDesc/MemoryDesc blobs in the registration inputs are mori 1.2.4's msgpack layouts; sglang
+passes them through unparsed, so they are inputs here too.
+
+    python tests/vectors/regenerate.py           # rewrite the file
+    python tests/vectors/regenerate.py --check   # exit 1 if the committed file differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+VECTORS = Path(__file__).with_name("sglang-0.5.23-mori-wire.json")
+_CONN = "python/sglang/srt/disaggregation/mori/conn.py"
+_COMMON = "python/sglang/srt/disaggregation/common/utils.py"
+_UTILS = "python/sglang/srt/disaggregation/utils.py"
+SOURCES = {
+    "pack_int_lists": f"sglang 0.5.23 {_COMMON}: pack_int_lists, unpack_int_lists",
+    "registration": (
+        f"sglang 0.5.23 {_CONN}: MoriKVManager.build_receiver_registration_message, "
+        "KVArgsRegisterInfo.from_zmq (frames from frame 1 on)"
+    ),
+    "transfer_metadata": (
+        f"sglang 0.5.23 {_CONN}: MoriKVManager.build_receiver_metadata_message, "
+        "TransferInfo.from_zmq (frames from frame 1 on)"
+    ),
+    "group_concurrent_contiguous": f"sglang 0.5.23 {_COMMON}: group_concurrent_contiguous",
+    "mamba_state_slice_byte_blocks": f"sglang 0.5.23 {_UTILS}: compute_mamba_state_slice_byte_blocks",
+}
+ABOUT = (
+    "Golden vectors from sglang 0.5.23's MoRI PD backend, produced by running its own functions "
+    "(each case's 'source' names them) with tests/vectors/regenerate.py. Frames are ZMQ multipart "
+    "frames, hex-encoded; frame 0 is the guard b'MoriMsgGuard'. MemoryDesc/EngineDesc blobs are "
+    "inputs, opaque to sglang and to the codec; they use mori 1.2.4's msgpack field order."
+)
+
+
+def _hex(frames: list[bytes]) -> list[str]:
+    return [f.hex() for f in frames]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _receiver(ref: ModuleType, i: dict[str, Any]) -> SimpleNamespace:
+    """The attributes of ``MoriKVManager`` that its two ``build_receiver_*`` methods read."""
+    desc = ref.OpaqueDesc
+    return SimpleNamespace(
+        engine_desc=desc(bytes.fromhex(i["engine_desc"]), i["engine_key"]),
+        kv_mem_descs=[desc(bytes.fromhex(h)) for h in i["kv_mem_descs"]],
+        aux_mem_descs=[desc(bytes.fromhex(h)) for h in i["aux_mem_descs"]],
+        state_mem_descs=[[desc(bytes.fromhex(h)) for h in c] for c in i["state_mem_descs"]],
+        kv_args=SimpleNamespace(
+            gpu_id=i["gpu_id"],
+            engine_rank=i["tp_rank"],
+            kv_item_lens=[i["kv_item_len"]],
+            state_item_lens=i["state_item_lens"],
+            state_dim_per_tensor=i["state_dim_per_tensor"],
+            state_layer_ids=i["state_layer_ids"],
+            kv_layer_ids=i["kv_layer_ids"],
+        ),
+        attn_tp_size=i["attn_tp_size"],
+        dcp_size=i["dcp_size"],
+        dcp_rank=i["dcp_rank"],
+        local_ip=i["local_ip"],
+        rank_port=i["rank_port"],
+    )
+
+
+def _metadata_receiver(i: dict[str, Any], ref: ModuleType) -> SimpleNamespace:
+    return SimpleNamespace(
+        engine_desc=ref.OpaqueDesc(b"", i["engine_key"]), local_ip=i["local_ip"], rank_port=i["rank_port"]
+    )
+
+
+def pack_int_lists(ref: ModuleType, case: dict[str, Any]) -> dict[str, Any]:
+    packed = ref.pack_int_lists(case["lists"], case["fmt"])
+    return {
+        "lists": case["lists"],
+        "fmt": case["fmt"],
+        "hex": packed.hex(),
+        "unpacked_by_sglang": ref.unpack_int_lists(packed, case["fmt"]),
+    }
+
+
+def registration(ref: ModuleType, case: dict[str, Any]) -> dict[str, Any]:
+    i = case["inputs"]
+    frames = ref.build_receiver_registration_message(_receiver(ref, i))
+    info = ref.KVArgsRegisterInfo.from_zmq(frames[1:])
+    return {
+        "name": case["name"],
+        "inputs": i,
+        "frames_hex": _hex(frames),
+        "parsed_by_sglang": {
+            "decode_tp_size": info.decode_tp_size,
+            "decode_tp_rank": info.decode_tp_rank,
+            "dst_kv_item_len": info.dst_kv_item_len,
+            "dst_state_item_lens": _plain(info.dst_state_item_lens),
+            "dst_state_dim_per_tensor": _plain(info.dst_state_dim_per_tensor),
+            "dst_state_layer_ids": _plain(info.dst_state_layer_ids),
+            "dst_kv_layer_ids": _plain(info.dst_kv_layer_ids),
+            "n_state_mem_descs": [len(c) for c in info.dst_state_mem_descs],
+        },
+    }
+
+
+def transfer_metadata(ref: ModuleType, case: dict[str, Any]) -> dict[str, Any]:
+    i = case["inputs"]
+    frames = ref.build_receiver_metadata_message(
+        _metadata_receiver(i, ref),
+        bootstrap_room=i["room"],
+        required_dst_info_num=i["required_dst_info_num"],
+        kv_indices=np.asarray(i["kv_indices"], dtype=np.int32),
+        aux_index=i["aux_index"],
+        state_indices=i["state_indices"],
+        decode_prefix_len=i["decode_prefix_len"],
+        is_dummy=i["is_dummy"],
+    )
+    info = ref.TransferInfo.from_zmq(frames[1:])
+    return {
+        "name": case["name"],
+        "inputs": i,
+        "frames_hex": _hex(frames),
+        "parsed_by_sglang": {
+            "dst_kv_indices": _plain(info.dst_kv_indices),
+            "dst_aux_index": info.dst_aux_index,
+            "dst_state_indices": _plain(info.dst_state_indices),
+            "required_dst_info_num": info.required_dst_info_num,
+            "is_dummy": info.is_dummy,
+            "decode_prefix_len": info.decode_prefix_len,
+        },
+    }
+
+
+def group_concurrent_contiguous(ref: ModuleType, case: dict[str, Any]) -> dict[str, Any]:
+    src_groups, dst_groups = ref.group_concurrent_contiguous(
+        np.asarray(case["src"], dtype=np.int32), np.asarray(case["dst"], dtype=np.int32)
+    )
+    return {"src": case["src"], "dst": case["dst"], "src_groups": src_groups, "dst_groups": dst_groups}
+
+
+def mamba_state_slice_byte_blocks(ref: ModuleType, case: dict[str, Any]) -> dict[str, Any]:
+    blocks = ref.compute_mamba_state_slice_byte_blocks(**case["args"])
+    return {"args": case["args"], "blocks": [list(b) for b in blocks]}
+
+
+BUILDERS = {
+    "pack_int_lists": pack_int_lists,
+    "registration": registration,
+    "transfer_metadata": transfer_metadata,
+    "group_concurrent_contiguous": group_concurrent_contiguous,
+    "mamba_state_slice_byte_blocks": mamba_state_slice_byte_blocks,
+}
+
+
+def regenerate(ref: ModuleType, committed: dict[str, Any]) -> dict[str, Any]:
+    """The vectors recomputed by ``ref`` (``sglang_ref.load()``) from ``committed``'s case definitions."""
+    out: dict[str, Any] = {"about": ABOUT}
+    for section, build in BUILDERS.items():
+        out[section] = [{**build(ref, case), "source": SOURCES[section]} for case in committed[section]]
+    return out
+
+
+def render(vectors: dict[str, Any]) -> str:
+    return json.dumps(vectors, indent=1) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed file differs")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from dataplane.bench import sglang_ref
+
+    try:
+        ref = sglang_ref.load()
+    except sglang_ref.ReferenceUnavailable as exc:
+        print(f"regenerate: {exc}", file=sys.stderr)
+        return 2
+    text = render(regenerate(ref, json.loads(VECTORS.read_text())))
+    if args.check:
+        same = text == VECTORS.read_text()
+        print(f"{VECTORS.name}: {'matches' if same else 'DIFFERS from'} sglang {sglang_ref.SGLANG_VERSION}")
+        return 0 if same else 1
+    VECTORS.write_text(text)
+    print(f"wrote {VECTORS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
