@@ -5,14 +5,15 @@ terminal and always wins, Success is terminal. Every room carries a deadline: ``
 rooms past theirs, and ``fail_peer`` fails every room of a peer that died or was replaced — so no room
 can wait forever (sglang #32579 / #33920 hung there).
 
-The table is bounded (``capacity``) and keeps finished rooms only as counts, never as a growing list.
+The table is bounded (``capacity``) and keeps finished rooms only as counts, never as a growing list,
+plus the last ``RECENT_FAILURES`` failures with their reasons, so a failure explains itself in ``/status``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from ..codec import KVPoll, advance
 from ..errors import BadInput
 
 TERMINAL = (KVPoll.Success, KVPoll.Failed)
+RECENT_FAILURES = 32
 
 
 @dataclass(eq=False)
@@ -49,6 +51,8 @@ class RoomTable:
         self._rooms: dict[Hashable, Room] = {}
         self._lock = threading.Lock()
         self.outcomes: Counter[str] = Counter()
+        self.recent_failures: deque[dict[str, Any]] = deque(maxlen=RECENT_FAILURES)
+        """The last failed rooms: room id, peer, reason and age in seconds when they failed."""
 
     def __len__(self) -> int:
         return len(self._rooms)
@@ -90,7 +94,14 @@ class RoomTable:
         entry.finished = time.monotonic()
         with self._lock:
             del self._rooms[key]
-            self.outcomes["success" if new == KVPoll.Success else _outcome(entry.reason)] += 1
+            if new == KVPoll.Success:
+                self.outcomes["success"] += 1
+            else:
+                self.outcomes[_outcome(entry.reason)] += 1
+                self.recent_failures.append({
+                    "room": entry.room, "peer": entry.peer, "reason": entry.reason,
+                    "after_seconds": round(entry.finished - entry.created, 4),
+                })
         return entry
 
     def fail(self, key: Hashable, reason: str) -> Room | None:
@@ -123,7 +134,12 @@ class RoomTable:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             states = Counter(KVPoll(r.state).name for r in self._rooms.values())
-            return {"inflight": len(self._rooms), "states": dict(states), "finished": dict(self.outcomes)}
+            return {
+                "inflight": len(self._rooms),
+                "states": dict(states),
+                "finished": dict(self.outcomes),
+                "recent_failures": list(self.recent_failures),
+            }
 
 
 def _outcome(reason: str) -> str:
