@@ -82,6 +82,8 @@ class Inbox:
         """A helper handed work over since the worker's turn began (``recv`` clears it)."""
         self._watched: list[int] = []
         self._hits: set[int] = set()
+        self.spin_checks = 0
+        """Readiness checks made while spinning: how much the worker polled without sleeping."""
 
     def watch(self, fd: int) -> None:
         """Also end waits when ``fd`` turns readable: a transport's ``wake_fd`` (the worker clears it),
@@ -184,12 +186,17 @@ class Inbox:
         16-core host a round trip over a lane takes 22-25 µs with both ends spinning, 71-73 with both
         asleep (``bench/control_floor.py``). True: something turned ready."""
         sock = self._sock
-        for _ in range(SPIN_CHECKS):
-            if self.handed_over or self._queued or sock.getsockopt(_EVENTS) & _POLLIN or self._ready(0.0):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-        return False
+        checks = 0
+        try:
+            while checks < SPIN_CHECKS:
+                checks += 1
+                if self.handed_over or self._queued or sock.getsockopt(_EVENTS) & _POLLIN or self._ready(0.0):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+            return False
+        finally:
+            self.spin_checks += checks
 
     def _ready(self, timeout: float) -> set[int]:
         """Wait up to ``timeout`` for descriptors to turn ready (readable, or writable for a lane

@@ -81,6 +81,10 @@ class AgentClient:
         """Successful handshakes (each after the first is a reconnect that re-registered the pools)."""
         self.version = 0
         """Bumped by every room state or incoming room that arrives (for ``wait_change``)."""
+        self.polls = 0
+        """``wait_change``'s looks without sleeping."""
+        self.blocking_waits = 0
+        """``wait_change``'s waits that slept until something arrived or the time was up."""
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.RLock()
@@ -232,7 +236,12 @@ class AgentClient:
                 if self._sock is None:
                     time.sleep(min(left, 0.01))
                     return
-                self._pump(0.0 if now < busy else left)
+                if now < busy:
+                    self.polls += 1
+                    self._pump(0.0)
+                else:
+                    self.blocking_waits += 1
+                    self._pump(left)
 
     def forget(self, room: int) -> None:
         with self._lock:
