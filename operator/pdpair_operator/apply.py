@@ -109,27 +109,37 @@ class Executor:
                 self.threads, self.kube.request, method, path, body, content_type, query)
 
     async def apply(self, owner: Owner, plan: Plan, now_iso: str) -> list[StepError]:
-        """Status first (it records failures before their pods go), then children, then Events."""
+        """Status first (it records failures before their pods go), then children, then Events.
+        Creates and deletes run in the plan's waves; a wave that failed stops the ones after it (the
+        next reconcile retries them)."""
         errors: list[StepError] = []
         if plan.status is not None:
             await self._step(errors, "status", [(owner.name, lambda: self._call(
                 "PATCH", status_path(owner.namespace, owner.name), {"status": plan.status}, MERGE_PATCH))])
-        creates = [(f"{m['kind']}/{m['metadata']['name']}", self._creator(owner, m)) for m in plan.creates]
-        await self._step(errors, "create", creates)
+        for wave in plan.create_waves():
+            creates = [(f"{m['kind']}/{m['metadata']['name']}", self._creator(owner, m)) for m in wave]
+            if not await self._step(errors, "create", creates):
+                break
         patches = [(f"{p.kind}/{p.name}", self._patcher(owner, p)) for p in plan.patches]
         await self._step(errors, "patch", patches)
-        deletes = [(f"{d.kind}/{d.name}", self._deleter(owner, d)) for d in plan.deletes]
-        await self._step(errors, "delete", deletes)
+        for doomed in plan.delete_waves():
+            deletes = [(f"{d.kind}/{d.name}", self._deleter(owner, d)) for d in doomed]
+            if not await self._step(errors, "delete", deletes):
+                break
         await self._step(errors, "event", [(e.reason, self._eventer(owner, e, now_iso)) for e in plan.events])
         return errors
 
     async def _step(self, errors: list[StepError], step: str,
-                    calls: Iterable[tuple[str, Callable[[], Awaitable[Any]]]]) -> None:
+                    calls: Iterable[tuple[str, Callable[[], Awaitable[Any]]]]) -> bool:
+        """Run ``calls`` together; False if any failed (recorded in ``errors``)."""
         calls = list(calls)
         results = await asyncio.gather(*(fn() for _, fn in calls), return_exceptions=True)
+        ok = True
         for (target, _), result in zip(calls, results, strict=True):
             if isinstance(result, BaseException):
                 errors.append(StepError(step, target, str(result)))
+                ok = False
+        return ok
 
     def _creator(self, owner: Owner, manifest: dict[str, Any]) -> Callable[[], Awaitable[Any]]:
         async def create() -> None:

@@ -46,6 +46,8 @@ class Delete:
     kind: str
     name: str
     uid: str = ""
+    role: str = ""
+    """A pod's role: prefill pods go first (``Plan.delete_waves``)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,26 @@ class Plan:
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
     generation: str = ""
+
+    def create_waves(self) -> list[tuple[dict[str, Any], ...]]:
+        """Creates in the order the executor runs them, each wave only after the last one succeeded:
+        everything else, then prefill pods; and ``delete_waves``: prefill pods first. An operator
+        stopped between two waves (killed, its API server gone) so never leaves a generation with
+        prefill pods but no decode, whose prefills could serve no one."""
+        return _waves(self.creates, lambda m: m["kind"] != "Pod" or _role(m) != "prefill")
+
+    def delete_waves(self) -> list[tuple[Delete, ...]]:
+        return _waves(self.deletes, lambda d: d.kind == "Pod" and d.role == "prefill")
+
+
+def _role(manifest: dict[str, Any]) -> str:
+    return str(manifest["metadata"].get("labels", {}).get(naming.LABEL_ROLE, ""))
+
+
+def _waves(items: tuple[Any, ...], first: Any) -> list[tuple[Any, ...]]:
+    head = tuple(i for i in items if first(i))
+    tail = tuple(i for i in items if not first(i))
+    return [w for w in (head, tail) if w]
 
 
 @dataclass
@@ -130,7 +152,7 @@ def _record_failures(owner: Owner, gen: str, pods: tuple[PodView, ...], now: dat
     for pod in pods:
         if not pod.failed or pod.deleting:
             continue
-        work.deletes.append(Delete("Pod", pod.name, pod.uid))
+        work.deletes.append(Delete("Pod", pod.name, pod.uid, pod.role))
         old = records.get(pod.name)
         if old is not None and old.get("uid") == pod.uid:
             continue
@@ -190,7 +212,7 @@ def _plan_pods(owner: Owner, gen: str, pods: tuple[PodView, ...], failures: list
                      key=lambda p: (not p.serving, p.index))
         extra += old[keep[role]:]
         for pod in sorted(extra, key=lambda p: (-p.index, p.name)):
-            work.deletes.append(Delete("Pod", pod.name, pod.uid))
+            work.deletes.append(Delete("Pod", pod.name, pod.uid, pod.role))
     return len(old_all)
 
 

@@ -319,3 +319,48 @@ def test_serving_requires_the_agents_transfer_report() -> None:
     pod = PodView("p", "prefill", 0, "g", phase="Running", ready=True)
     assert not pod.serving
     assert serving(pod).serving
+
+
+def test_rollout_waves_create_decode_before_prefill_and_delete_prefill_first() -> None:
+    """An operator stopped between two waves leaves no generation with prefill but no decode."""
+    world, old, new = _rollout_world(2, 4)
+    first = world.step()
+    waves = first.create_waves()
+    assert [names(w) for w in waves] == [
+        [f"demo-{new}-decode-0", f"demo-{new}-decode-1"], [f"demo-{new}-prefill-0"]]
+    assert f"demo-bootstrap-{new}" in names(waves[0], "Service")
+    world.run(*[n for n, p in world.pods.items() if p.generation == new])
+    second = world.step()
+    assert [[d.name for d in w if d.kind == "Pod"] for w in second.delete_waves()] == [
+        [f"demo-{old}-prefill-1"], [f"demo-{old}-decode-3", f"demo-{old}-decode-2"]]
+
+
+class _FailingDecodeCreates:
+    """An API server that refuses decode pods: the executor must then not create prefill pods."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def request(self, method: str, path: str, body: Any = None, *args: Any, **kwargs: Any) -> Any:
+        name = (body or {}).get("metadata", {}).get("name", path.rsplit("/", 1)[-1])
+        self.calls.append((method, name))
+        if method == "POST" and "-decode-" in name:
+            from pdpair_operator.apply import KubeError
+
+            raise KubeError(500, "etcd is unhappy")
+        return {}
+
+
+def test_executor_stops_at_a_failed_wave() -> None:
+    import asyncio
+
+    from pdpair_operator.apply import Executor
+
+    world, _old, new = _rollout_world(2, 4)
+    step = world.step()
+    api = _FailingDecodeCreates()
+    errors = asyncio.run(Executor(api, concurrency=4).apply(  # type: ignore[arg-type]
+        world.owner, step, "2026-01-01T00:00:00Z"))
+    assert {e.target for e in errors} == {f"Pod/demo-{new}-decode-0", f"Pod/demo-{new}-decode-1"}
+    posted = [n for m, n in api.calls if m == "POST"]
+    assert f"demo-{new}-prefill-0" not in posted and f"demo-{new}-decode-0" in posted
