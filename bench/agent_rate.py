@@ -7,7 +7,7 @@ alone (no raw engine, no memcpy), in short windows, so two builds can alternate 
 One prefill and one decode agent (``pdpair-agent run``, the block-size case of ``bench transfer``,
 verification off, an endless request stream) are started; after a settling pause, each window reads
 decode's completed rooms and both workers' CPU seconds from ``/status`` before and after. Medians over
-the windows are printed last. docs/benchmarks.md, session 15 (compiled against interpreted).
+the windows are printed last (docs/benchmarks.md: compiled against interpreted).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from a source buffer of the same kind, chunk after chunk, for ``--seconds``, and
 ``anon-4k`` (private, huge pages refused), ``memfd`` (ordinary shared pages: the sidecar engine's pools
 on a host without reserved huge pages), ``memfd-hugetlb`` (shared, reserved 2 MiB pages: the sidecar
 engine's pools where the host has them; needs ``/proc/sys/vm/nr_hugepages``). It isolates the page-size
-effect on a sidecar's transfer from everything else the agents do (docs/sidecar.md, session 13).
+effect on a sidecar's transfer from everything else the agents do (docs/sidecar.md).
 Linux only.
 """
 

@@ -12,11 +12,11 @@ the rooms (pairing, warm-up) left out — use a few hundred rooms at least: in t
 status's send itself can take 100+ µs (the dev VM, while the lane to decode comes up). One room at a
 time, so every step belongs to that room; with rooms in flight the steps would interleave. The marks
 cost a few µs each: compare steps, not the sum with the benchmark's p50 (printed too, with the raw
-engine's). docs/benchmarks.md, session 14.
+engine's); docs/benchmarks.md.
 
 ``--sidecar reactive|presend`` traces the same room through the local API instead (``sidecar-bench``'s
 sidecar setup, one room in flight, interpreted): four processes — decode engine, decode agent, prefill
-agent, prefill engine — and every hop between them (docs/sidecar.md, session 17). ``reactive``: the prefill
+agent, prefill engine — and every hop between them (docs/sidecar.md). ``reactive``: the prefill
 engine sends when the agent tells it decode asked; ``presend``: it sent ahead.
 """
 

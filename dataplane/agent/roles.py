@@ -14,7 +14,7 @@ a thread wake-up. It spins in ``Inbox.spin`` (a readiness check per µs, not a w
 message is picked up within a microsecond or two of its arrival; running transfers are still polled
 every pause, not every check (each poll drives the engine's progress). Off by default: on the 16-core
 benchmark hosts spinning took from nothing to 90 µs off a 4 KiB room one at a time and cost throughput
-with rooms in flight (1 MiB, eight in flight: 7.2 → 4.2 GB/s with 200 µs; docs/benchmarks.md, session 16).
+with rooms in flight (1 MiB, eight in flight: 7.2 → 4.2 GB/s with 200 µs; docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A thread that posts prepared engine requests, in submission order, off the role worker's thread.
 
-Since session 12 the NIXL adapter uses the native poster (``native/``) where it loads, which also
-signals completion; this Python thread is the fallback (no compiler, ``nativePoster`` off).
+The NIXL adapter uses the native poster (``native/``) where it loads, which also signals
+completion; this Python thread is the fallback (no compiler, ``nativePoster`` off).
 
 UCX copies a host-to-host write inside NIXL's ``postXferReq`` (CMA), so posted on the role worker each
 room's copy and the Python work of the next rooms ran one after the other. From this thread the copy

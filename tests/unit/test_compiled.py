@@ -92,7 +92,7 @@ def test_old_copies_are_pruned_newest_kept(tmp_path: Path) -> None:
 
 def test_no_compiled_slice_bound_calls_anything_but_len() -> None:
     """mypyc 2.4.1 evaluates a slice's bound twice when the sliced object is not one of its own sequence
-    types (a memoryview, ``Any``): ``data[sock.send(data):]`` sent every frame twice (session 15, the
+    types (a memoryview, ``Any``): ``data[sock.send(data):]`` sent every frame twice (found in the
     local API's write loop). A bound in a compiled module is a name, a constant or arithmetic on them
     and ``len``."""
     import ast
