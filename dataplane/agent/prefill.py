@@ -223,15 +223,23 @@ class PrefillWorker(RoleWorker):
 
     def drop_peer(self, dp: DecodePeer, reason: str, notify: bool = False) -> None:
         """Forget a decode; its rooms fail (``notify``: decode is told, e.g. one that re-registered
-        with rooms still under way; a lost decode is not)."""
-        for room in self.rooms.fail_peer(dp.label, f"{reason}: {dp.label}"):
-            self.finish(room, KVPoll.Failed, notify=notify)
+        with rooms still under way; a lost decode is not).
+
+        Its rooms are those keyed by its control address, not by its label: a restarted decode agent
+        (a sidecar's next engine) pairs from a new address under the same label while the old
+        address waits out its heartbeats. Its loss must not fail the new rooms untold (decode would
+        wait for its deadline) nor mark the paired label down."""
+        why = f"{reason}: {dp.label}"
+        for room in [r for r in self.rooms.live() if r.key == (dp.address, r.room)]:
+            self.finish(self.rooms.fail(room.key, why), KVPoll.Failed, notify=notify)
         try:
             self.transport.disconnect(dp.peer)
         except TransferFailed as exc:
             log.warning("disconnect %s: %s", dp.label, exc)
         if self.staged is not None:
             self.staged.detach(dp.address)
+        if any(p.label == dp.label for p in self.peers.values() if p is not dp):
+            return  # the label's newer connection is paired
         self.metrics.peer_down(dp.label)
         self.status.peer_down(dp.label, reason)
 

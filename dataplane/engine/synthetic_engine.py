@@ -37,6 +37,7 @@ from ..localapi import AgentClient, RoomState, SharedPools
 from ..schema.profiles import schema_from_config
 
 log = logging.getLogger("pdpair.engine")
+KEEP_FAILURES = 64
 Items = tuple[np.ndarray, int | None, list[np.ndarray | None]]
 
 
@@ -79,6 +80,8 @@ class SyntheticEngineProcess:
         self.inflight: dict[int, tuple[Items, float]] = {}
         self.quarantine: list[tuple[float, Items]] = []
         self.counts: Counter[str] = Counter()
+        self.failures: dict[str, str] = {}
+        """Each failed room's reason, by room id (the first ``KEEP_FAILURES``): a failure explains itself."""
         self.components: dict[str, dict[str, Any]] = {}
         self.made = 0
         self.room_base = random.getrandbits(40) << 20 if room_base is None else room_base
@@ -277,6 +280,8 @@ class SyntheticEngineProcess:
             if state == KVPoll.Failed:
                 self.counts["failed"] += 1
                 self.counts[f"failed: {reason.split(':')[0]}"] += 1
+                if len(self.failures) < KEEP_FAILURES:
+                    self.failures[str(room)] = reason
                 if self.role == "decode":
                     self.quarantine.append((now + self.cfg.transfer.timeout_seconds, items))
                 else:
@@ -313,6 +318,7 @@ class SyntheticEngineProcess:
             "seconds": round(time.monotonic() - self.started, 3),
             "counts": dict(self.counts),
             "components": self.components,
+            "failures": self.failures,
             "bytes": self.bytes,
             "window_seconds": round(max(0.0, self.last_end - self.first_start), 6),
             "api_us_per_call": round(self.api_seconds / self.api_calls * 1e6, 2) if self.api_calls else None,

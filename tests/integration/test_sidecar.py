@@ -25,21 +25,29 @@ from dataplane.localapi.launch import SidecarPair, wait_for
 from dataplane.schema.profiles import schema_from_config
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
+LOST_BEATS = 16
+"""Heartbeat misses before prefill drops a decode address, where a test needs the time (8 s) to
+have rooms of the next decode engine in flight first."""
 
 
-def config(profile="qwen3-next", requests=12, tokens=(700, 0, 2048), timeout=5.0, **model) -> AgentConfig:
+def config(
+    profile="qwen3-next", requests=12, tokens=(700, 0, 2048), timeout=5.0, misses=4, **model
+) -> AgentConfig:
     return AgentConfig(
         model=ModelConfig(profile=profile, pool_pages=128, max_requests=8, **model),
-        transfer=TransferConfig(timeout_seconds=timeout, heartbeat_interval_seconds=0.5, heartbeat_misses=4),
+        transfer=TransferConfig(
+            timeout_seconds=timeout, heartbeat_interval_seconds=0.5, heartbeat_misses=misses
+        ),
         synthetic=SyntheticConfig(requests_per_second=0, requests=requests, tokens=tokens, max_inflight=3),
     )
 
 
 def assert_verified(report, n, components):
     counts = report["counts"]
-    assert counts.get("verified") == n, report
-    assert counts.get("failed", 0) == 0 and counts.get("verification_failures", 0) == 0, report
-    assert counts.get("succeeded") == n, report
+    why = f"counts {counts}; failed rooms {report.get('failures', {})}"  # a string: shown whole
+    assert counts.get("verified") == n, why
+    assert counts.get("failed", 0) == 0 and counts.get("verification_failures", 0) == 0, why
+    assert counts.get("succeeded") == n, why
     assert set(report["components"]) == set(components), report["components"]
     for name, c in report["components"].items():
         assert c["bytes"] > 0 and c["bad"] == 0 and c["ok"] > 0, (name, c)
@@ -130,10 +138,16 @@ def _try_register(client, shared):
 
 def test_decode_engine_killed_fails_rooms_unmaps_and_serves_the_next_engine(tmp_path):
     """Rooms are held open by freezing the prefill engine; killing the decode engine then fails
-    them at once on both agents (not by the 20 s deadline), and the decode agent unmaps."""
-    cfg = config(requests=0, tokens=(2048,), timeout=20)
+    them at once on both agents (not by the 20 s deadline), and the decode agent unmaps.
+
+    The next engine's agent pairs from a new control address under the same label, and the prefill
+    agent drops the old address only when its heartbeats run out (``LOST_BEATS`` beats after the
+    kill). The prefill engine is frozen again so that the next engine's rooms wait at prefill across
+    that moment: the old address's loss must neither fail them nor unpair the new decode."""
+    cfg = config(requests=0, tokens=(2048,), timeout=20, misses=LOST_BEATS)
     with SidecarPair(cfg, tmp_path, decode_args=["--inflight", "2"]) as pair:
         decode, prefill, agent = pair.engines["decode"], pair.engines["prefill"], pair.agents["decode"]
+        prefill_agent = pair.agents["prefill"]
         wait_for(lambda: decode.count("verified") >= 5, what="some verified rooms")
         maps = Path(f"/proc/{agent.proc.pid}/maps")
         assert "memfd:pdpair-" in maps.read_text()
@@ -143,11 +157,26 @@ def test_decode_engine_killed_fails_rooms_unmaps_and_serves_the_next_engine(tmp_
         wait_for(lambda: "failed: engine disconnected" in agent.log_tail(60), timeout=3,
                  what="decode agent failing its rooms")
         told = "failed: aborted by decode: engine disconnected"
-        wait_for(lambda: told in pair.agents["prefill"].log_tail(60), timeout=3, what="prefill agent told")
+        wait_for(lambda: told in prefill_agent.log_tail(60), timeout=3, what="prefill agent told")
         prefill.proc.send_signal(signal.SIGCONT)
         wait_for(lambda: prefill.count("failed: aborted by decode") >= 1, timeout=5, what="engine told")
         wait_for(lambda: "memfd:pdpair-" not in maps.read_text(), timeout=10, what="engine memory unmapped")
+
+        def old_address_lost():
+            return "heartbeat lost" in prefill_agent.log_path.read_text()
+
+        prefill.proc.send_signal(signal.SIGSTOP)
         again = pair.start_engine("decode", ["--requests", "6"])
+        wait_for(lambda: prefill_agent.status()["rooms"]["inflight"] >= 1, timeout=10,
+                 what="the next engine's rooms waiting at prefill")
+        assert not old_address_lost(), "the old decode address was lost before the next engine's rooms came"
+        wait_for(old_address_lost, timeout=LOST_BEATS * cfg.transfer.heartbeat_interval_seconds + 5,
+                 what="prefill dropping the killed engine's decode address")
+        status = prefill_agent.status()
+        rooms = status["rooms"]
+        assert rooms["inflight"] >= 1, f"the next engine's rooms failed with the old address: {rooms}"
+        assert status["ready"], f"the old address's loss unpaired the next engine's decode: {status['peers']}"
+        prefill.proc.send_signal(signal.SIGCONT)
         assert again.wait(60) == 0, again.log_tail()
         assert_verified(again.report(), 6, {"kv", "aux", "mamba"})
 
