@@ -1,7 +1,7 @@
 # PDPair developer entry points. `make demo` and `make test` set up .venv on first use.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test faults lint
 setup:
 	@scripts/setup
 
@@ -10,6 +10,10 @@ demo: setup
 
 test:
 	scripts/test
+
+# The fault matrix alone, written to docs/faults.md (its tests also run in `make test`).
+faults:
+	scripts/faults
 
 # Local Kubernetes control plane (devcluster; docs/devcluster.md).
 .PHONY: k8s-binaries cluster-up cluster-down

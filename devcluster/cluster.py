@@ -301,6 +301,25 @@ class Cluster:
         named = [{**n, "metadata": {**n["metadata"], "uid": uids[n["metadata"]["name"]]}} for n in nodes]
         self.apply(dra.inventory(named, dra.GPU_RESOURCES))
 
+    def restart(self, name: str, timeout: float = 120) -> float:
+        """Kill one component with SIGKILL and start it again with the same arguments (a crash and
+        its supervisor's restart); returns the seconds until the API server is ready again."""
+        args = {"kube-apiserver": self._apiserver_args, "kube-scheduler": self._scheduler_args,
+                "kube-controller-manager": self._controller_manager_args, "kwok": self._kwok_args}[name]
+        begin = time.monotonic()
+        pid = self.pids.pop(name, None)
+        if pid is not None and self._is_ours(name, pid):
+            procs.kill_group(pid, proc=self._popen.pop(name, None))
+        self._launch(name, args())
+        self.wait_ready(timeout)
+        return time.monotonic() - begin
+
+    def add_node(self, name: str) -> None:
+        """A kwok node (again: AMD when named like the AMD ones), with its simulated DRA inventory."""
+        node = _node_manifest(name, amd=name.startswith("kwok-amd-node-"))
+        self.apply([node])
+        self.publish_dra_inventory([node])
+
     def _start_components(self, timeout: float) -> None:
         missing = missing_binaries(self.binaries)
         if missing:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faults_support import FaultRow
 
 from devcluster import Cluster
 from devcluster.cluster import ensure_binaries
@@ -50,3 +51,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield local
     finally:
         local.stop(remove_data=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Each phase's report on the item (``fault_row`` reads the call's outcome)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def fault_row(request: pytest.FixtureRequest) -> Iterator[FaultRow]:
+    """This test's row of the fault matrix: the test names the fault and fills what it observed; the
+    outcome is the test's own (``tests/faults_support.py``)."""
+    row = FaultRow(fault=request.node.name, injected="", bound="")
+    yield row
+    call = getattr(request.node, "report_call", None)
+    if call is None:
+        row.outcome = "not run"
+    elif call.passed:
+        row.outcome = "converged"
+    else:
+        lines = str(call.longrepr).strip().splitlines()
+        last_error = next((ln for ln in lines if ln.startswith("E ")), lines[-1])
+        row.outcome = "FAILED: " + last_error[1:].strip()[:160]
+    row.write()

@@ -158,3 +158,52 @@ def pdpair_yaml(name: str, p: int, d: int, image: str = "ghcr.io/pdpair/agent:0.
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
+
+
+class OperatorProcess:
+    """``pdpair-operator`` for one namespace that a test may kill (SIGKILL) and start again; its writes
+    are read from its own metrics (``pdpair_operator_api_requests_total``)."""
+
+    def __init__(self, cluster: Cluster, log: Path, namespace: str) -> None:
+        self.cluster, self.log, self.namespace = cluster, log, namespace
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.kills = 0
+
+    def start(self) -> None:
+        self.port = free_port()
+        argv = [str(REPO / ".venv" / "bin" / "pdpair-operator"), "--standalone", "--log-format", "full",
+                "--metrics-port", str(self.port), "--metrics-address", "127.0.0.1",
+                "--namespace", self.namespace]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                         env={**self.cluster.env(), "PYTHONUNBUFFERED": "1"},
+                                         start_new_session=True)
+        wait_for("operator metrics", self._metrics_up, timeout=60, interval=0.2)
+
+    def _metrics_up(self) -> bool:
+        try:
+            operator_metrics(self.port)
+        except OSError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.kills += 1
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    def writes(self) -> float:
+        """API writes the running process issued (creates, patches, deletes)."""
+        return sum(float(line.rsplit(" ", 1)[1]) for line in operator_metrics(self.port).splitlines()
+                   if line.startswith("pdpair_operator_api_requests_total{"))
