@@ -308,7 +308,7 @@ class PrefillWorker(RoleWorker):
         req = RequestIndices(
             kv, md.dst_kv_indices, aux, md.dst_aux_index if aux is not None else None, state, dst_state
         )
-        plan = plan_request(self.schema, dp.layout, req, pairing=dp.pairing)
+        plan = plan_request(self.schema, dp.layout, req, pairing=dp.pairing).expanded()
         self.rooms.advance(key, KVPoll.Transferring)
         if len(plan) == 0:
             self.finish(self.rooms.advance(key, KVPoll.Success), KVPoll.Success)

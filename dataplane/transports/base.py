@@ -74,7 +74,10 @@ class Writes:
 
     @classmethod
     def of(cls, spec: WriteSpec) -> Writes:
-        """Normalise a plan (or anything with the five arrays) and check their shapes."""
+        """Normalise a plan (or anything with the five arrays) and check their shapes; a compact
+        plan (``WritePlan.repeat``) is expanded to one write per row first."""
+        if getattr(spec, "repeat", None) is not None:
+            spec = spec.expanded()  # type: ignore[attr-defined]
         arrays = [
             np.ascontiguousarray(getattr(spec, name), dtype=np.int32 if name.endswith("region") else np.int64)
             for name in COLUMNS
