@@ -6,7 +6,9 @@ device-to-device copy on 64 MiB blocks (docs/gpu.md). Here the peer's regions ar
 process once (``cudaIpcOpenMemHandle``), and a batch of writes — any number, any sizes, any regions —
 is one launch of ``copy_kernel``: the plan's five columns go up as one table, and the kernel finds each
 write's addresses, checks its bounds and copies it page to page, so small pages need no staging and
-the host's work does not grow with the pages. Completion is a CUDA event; transfers finish in launch
+the host's work does not grow with the pages. A TP-sliced plan goes up compact (``takes_strided``):
+three more columns give each row's count and strides, and the kernel copies every write they stand
+for, so a room's head slices cost its rows, not its tokens, on the host. Completion is a CUDA event; transfers finish in launch
 order (one stream), so their buffers are released oldest first. A kernel cannot be cancelled, but it
 never waits on the peer: it ends on its own, and ``disconnect`` waits for this stream before unmapping.
 
