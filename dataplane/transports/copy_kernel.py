@@ -102,14 +102,15 @@ def strided_geometry(size: np.ndarray, count: np.ndarray) -> Geometry:
     ``MIN_CHUNK`` bytes (at least one write; fewer where the entries are too few to fill
     ``PROGRAMS`` programs), with tiles as wide as a program's words."""
     n = len(size)
-    largest = int(size.max())
-    total = int((size * count).sum())
+    largest = max(1, int(size.max()))
+    total = max(1, int((size * count).sum()))
     want = max(largest, min(MIN_CHUNK, -(-total // PROGRAMS)))
     per = max(1, want // largest)
-    splits = max(1, int(((count + per - 1) // per).max()))
+    most = max(1, int(count.max()))
+    splits = -(-most // per)
     if splits > MAX_GRID_Y:
-        per = -(-int(count.max()) // MAX_GRID_Y)
-        splits = -(-int(count.max()) // per)
+        per = -(-most // MAX_GRID_Y)
+        splits = -(-most // per)
     words = max(1, per * largest // 8)
     block = min(BLOCKS[-1], max(BLOCKS[0], 1 << (words - 1).bit_length()))
     return Geometry(per * largest, (n, splits), block, 16 if block >= 4096 else 4, per)

@@ -8,9 +8,10 @@ is one launch of ``copy_kernel``: the plan's five columns go up as one table, an
 write's addresses, checks its bounds and copies it page to page, so small pages need no staging and
 the host's work does not grow with the pages. A TP-sliced plan goes up compact (``takes_strided``):
 three more columns give each row's count and strides, and the kernel copies every write they stand
-for, so a room's head slices cost its rows, not its tokens, on the host. Completion is a CUDA event; transfers finish in launch
-order (one stream), so their buffers are released oldest first. A kernel cannot be cancelled, but it
-never waits on the peer: it ends on its own, and ``disconnect`` waits for this stream before unmapping.
+for, so a room's head slices cost its rows, not its tokens, on the host. Completion is a CUDA event;
+transfers finish in launch order (one stream), so their buffers are released oldest first. A kernel
+cannot be cancelled, but it never waits on the peer: it ends on its own, and ``disconnect`` waits for
+this stream before unmapping.
 
 Bounds are checked by the kernel (``bounds_checked_by_engine``): a write outside its regions is
 skipped, and the transfer fails naming the first such write, as ``check_bounds`` would have.
