@@ -13,6 +13,7 @@ from dataplane.planner import (
     PeerLayout,
     RequestIndices,
     WritePlan,
+    pairing_for,
     plan_request,
     slice_byte_blocks,
     target_ranks,
@@ -189,3 +190,25 @@ def test_write_plan_checks_its_repeat() -> None:
             ),
             np.zeros((3, 2), np.int64),
         ).check()
+
+
+def test_a_recurring_mamba_block_beside_whole_mla_pages_writes_every_repetition() -> None:
+    """MLA pages move whole between TP sizes, so such a pairing has the one-pass common shape, except
+    that a mamba tensor whose slice recurs per outer block (``outer_count``) is strided: the request
+    then takes the general path, and every repetition is written."""
+
+    def schema(tp: int, rank: int) -> RoleSchema:
+        mamba = (TensorSpec(3 * HEADS // tp * 4, 0, tp_dim=HEADS // tp, outer_count=3),)
+        kv = KVSpec(64, PAGES, (0,), page_size=4, layout="mla")
+        return RoleSchema("m", tp, rank, kv, (Component("mamba", "mamba", mamba, SLOTS),), AuxSpec((8,), 4))
+
+    local, peer = schema(1, 0), schema(2, 1)
+    layout = PeerLayout.from_schema(peer)
+    req = RequestIndices.of([1, 2], [3, 4], 1, 2, [[2]], [[1]])
+    plan = plan_request(local, layout, req)
+    mamba = sorted(r[:5] for r in plan.rows() if r[5] == 0)
+    base_l, base_r = local.region_base(0), peer.region_base(0)
+    # prefill item 96 bytes (3 x 8 heads x 4), decode 48 (3 x 4 heads x 4): rank 1's heads 4..7 of each block
+    assert mamba == [(base_l, 2 * 96 + o * 32 + 16, base_r, 1 * 48 + o * 16, 16) for o in range(3)]
+    pairing = pairing_for(local, layout)
+    assert pairing.common is None and pairing.components[0].table.strided
