@@ -1,12 +1,15 @@
 """The ``cuda-ipc`` transport alone, in one process: how long ``write`` takes to return (host planning
-and the launches) and until its event is done, for 4 KiB..64 MiB page batches (docs/gpu.md).
+and the launches) and until its event is done, for 4 KiB..64 MiB page batches (docs/gpu.md), and for
+Qwen3-Next rooms between equal and mismatched TP sizes (``rooms``: the planner's compact plan as the
+agent hands it over, verified byte for byte; docs/benchmarks.md).
 
 The transport is connected to its own second region (a process cannot open its own IPC handles, so
 the same-process peer uses the addresses as they are), so no NIXL agent shares the process. Needs a
 CUDA GPU:
 
-    python3 bench/gpu_ipc.py
+    python3 bench/gpu_ipc.py [--rooms-only] [--json PATH]
 """
+import json
 import statistics
 import sys
 import time
@@ -39,6 +42,10 @@ def batch(rng: np.random.Generator, page: int, n: int) -> Writes:
 
 def main() -> None:
     torch.cuda.set_device(0)
+    json_path = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
+    if "--rooms-only" in sys.argv:
+        rooms(json_path)
+        return
     arena = torch.zeros(2 * HALF, dtype=torch.uint8, device="cuda")
     transport = CudaIpcTransport(0)
     blobs = transport.register(
@@ -66,6 +73,121 @@ def main() -> None:
         print(f"{name:10s} write returns {statistics.median(post):6.0f} us  done {med:6.0f} us  "
               f"{w.nbytes / med / 1e3:7.0f} GB/s", flush=True)
     transport.close()
+    rooms(json_path)
+
+
+ROOMS = (
+    # name, prefill TP and rank, decode TP and rank, KV heads (Qwen3-Next has 2; 8 to split 4 or 8 ways)
+    ("qwen3-next TP1->1", 1, 0, 1, 0, 2),
+    ("qwen3-next TP1->2", 1, 0, 2, 1, 2),
+    ("qwen3-next/8kv TP4->4", 4, 2, 4, 2, 8),
+    ("qwen3-next/8kv TP2->4", 2, 1, 4, 3, 8),
+    ("qwen3-next/8kv TP8->4", 8, 5, 4, 2, 8),
+)
+POOL, ROOM_PAGES, REPS = 2048, 512, 20
+
+
+def _aligned(sizes: list[int]) -> tuple[list[int], int]:
+    offs, at = [], 0
+    for size in sizes:
+        offs.append(at)
+        at += -(-size // 256) * 256
+    return offs, at
+
+
+def _time(transport: CudaIpcTransport, peer: object, w: Writes, name: str) -> tuple[float, float]:
+    """Median µs until ``write`` returns and until its event is done, over ``REPS`` writes."""
+    post, done = [], []
+    for _ in range(REPS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        transfer = transport.write(peer, w)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
+        deadline = time.monotonic() + 10
+        while transport.poll(transfer) is TransferState.IN_PROGRESS and time.monotonic() < deadline:
+            pass
+        if transport.poll(transfer) is not TransferState.DONE:
+            raise RuntimeError(f"{name}: transfer not done: {transfer.error}")
+        done.append((time.perf_counter() - t0) * 1e6)
+        post.append((t1 - t0) * 1e6)
+    return statistics.median(post), statistics.median(done)
+
+
+def room(name: str, src_tp: int, src_rank: int, dst_tp: int, dst_rank: int, kv_heads: int) -> dict:
+    """One Qwen3-Next room (full-size tensors, 512 pages of 64 tokens in runs of 1-16, one mamba slot)
+    from a prefill rank to a decode rank through ``cuda-ipc``: the planner's plan as it comes (strided
+    rows where TP differs) and, for a TP-mismatched room, expanded to one write per row; then the
+    plan written once onto poisoned memory and verified byte for byte."""
+    from dataclasses import replace
+
+    from dataplane.bench.codec import fragmented_pages
+    from dataplane.planner import PeerLayout, RequestIndices, plan_request
+    from dataplane.schema.profiles import profile
+
+    qwen = profile("qwen3-next")
+    qwen = replace(qwen, kv=replace(qwen.kv, heads=kv_heads))
+    local = qwen.schema(tp_size=src_tp, tp_rank=src_rank, scale=1, pool_pages=POOL, max_requests=2)
+    peer_schema = qwen.schema(tp_size=dst_tp, tp_rank=dst_rank, scale=1, pool_pages=POOL, max_requests=2)
+    rng = np.random.default_rng(35)
+    src_kv, dst_kv = fragmented_pages(rng, ROOM_PAGES, POOL), fragmented_pages(rng, ROOM_PAGES, POOL)
+    req = RequestIndices.of(src_kv, dst_kv, 0, 1, [[1]], [[0]])
+    plan = plan_request(local, PeerLayout.from_schema(peer_schema), req)
+    lsizes = [r.size for r in local.regions()]
+    rsizes = [r.size for r in peer_schema.regions()]
+    loffs, ltotal = _aligned(lsizes)
+    roffs, rtotal = _aligned(rsizes)
+    src = torch.randint(0, 255, (ltotal,), dtype=torch.uint8, device="cuda")
+    src[src == 0x5A] = 0x5B  # no source byte looks like the poison
+    dst = torch.full((rtotal,), 0x5A, dtype=torch.uint8, device="cuda")
+    transport = CudaIpcTransport(0)
+    base_l, base_r = src.data_ptr(), dst.data_ptr()
+    blobs = transport.register(
+        [MemoryRegion(base_l + o, s, "cuda", 0) for o, s in zip(loffs, lsizes, strict=True)]
+        + [MemoryRegion(base_r + o, s, "cuda", 0) for o, s in zip(roffs, rsizes, strict=True)]
+    )
+    peer = transport.connect("self", transport.endpoint(), blobs)
+    nl = len(lsizes)
+    p = Writes.of(plan)
+    w = Writes(p.local_region, p.local_offset, p.remote_region + nl, p.remote_offset, p.size, p.repeat)
+    out: dict = {"room": name, "bytes": w.nbytes, "writes": w.count, "rows": len(w)}
+    out["post_us"], out["done_us"] = _time(transport, peer, w, name)
+    out["gbps"] = w.nbytes / out["done_us"] / 1e3
+    if w.repeat is not None:
+        e = w.expanded()
+        out["expanded_post_us"], out["expanded_done_us"] = _time(transport, peer, e, name + " expanded")
+        out["expanded_gbps"] = e.nbytes / out["expanded_done_us"] / 1e3
+    dst.fill_(0x5A)
+    transfer = transport.write(peer, w)
+    transport.wait(transfer, time.monotonic() + 30)
+    torch.cuda.synchronize()
+    changed = int((dst != 0x5A).sum())
+    rep = w.repeats()
+    bad = 0
+    for k in range(len(w)):
+        count, ls, rs, size = int(rep[0, k]), int(rep[1, k]), int(rep[2, k]), int(w.size[k])
+        a = src.as_strided((count, size), (ls, 1), loffs[int(w.local_region[k])] + int(w.local_offset[k]))
+        at = roffs[int(w.remote_region[k]) - nl] + int(w.remote_offset[k])
+        b = dst.as_strided((count, size), (rs, 1), at)
+        bad += not torch.equal(a, b)
+    out["verified"] = bad == 0 and changed == w.nbytes
+    transport.close()
+    del src, dst
+    torch.cuda.empty_cache()
+    return out
+
+
+def rooms(json_path: str | None) -> None:
+    results = []
+    for spec in ROOMS:
+        r = room(*spec)
+        results.append(r)
+        extra = (f"  expanded: done {r['expanded_done_us']:7.0f} us {r['expanded_gbps']:6.0f} GB/s"
+                 if "expanded_gbps" in r else "")
+        print(f"{r['room']:24s} {r['bytes'] / 2**20:7.1f} MiB {r['writes']:7d} writes {r['rows']:6d} rows  "
+              f"write returns {r['post_us']:6.0f} us  done {r['done_us']:6.0f} us {r['gbps']:6.0f} GB/s  "
+              f"verified {'yes' if r['verified'] else 'NO'}{extra}", flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

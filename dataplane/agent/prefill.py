@@ -317,6 +317,8 @@ class PrefillWorker(RoleWorker):
             kv, md.dst_kv_indices, aux, md.dst_aux_index if aux is not None else None, state, dst_state
         )
         plan = plan_request(self.schema, dp.layout, req, pairing=dp.pairing)
+        if plan.repeat is not None and (self.staged is not None or not self.transport.takes_strided):
+            plan = plan.expanded()  # strided rows only for an engine that takes them, never staged
         self.rooms.advance(key, KVPoll.Transferring)
         if len(plan) == 0:
             self.finish(self.rooms.advance(key, KVPoll.Success), KVPoll.Success)

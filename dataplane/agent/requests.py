@@ -1,5 +1,7 @@
 """A room's write plan as engine requests, and each request's share of every component.
 
+A compact plan's strided rows (``WritePlan.repeat``) travel as they are: a share counts their writes.
+
 A room of at most ``ONE_REQUEST_ROWS`` writes goes as one request: the engine's fixed cost per request
 (NIXL on the 2-vCPU VM: three one-row requests 122-142 µs, one three-row request 54-63 µs; 103 rows:
 344 µs as three, 273 µs as one) outweighs the rows; its components then share one latency. Larger
@@ -32,8 +34,13 @@ def writes_by_component(plan: WritePlan) -> list[tuple[int, Writes]]:
     if len(set(ids)) != len(ids):
         return writes_by_component(plan.select(np.argsort(comp, kind="stable")))  # type: ignore[arg-type]
     edges.append(len(comp))
-    cols = (plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size)
-    return [(c, Writes(*(col[a:b] for col in cols))) for c, a, b in zip(ids, edges, edges[1:], strict=False)]
+    lr, lo, rr, ro, size, rep = (
+        plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size, plan.repeat
+    )
+    return [
+        (c, Writes(lr[a:b], lo[a:b], rr[a:b], ro[a:b], size[a:b], None if rep is None else rep[:, a:b]))
+        for c, a, b in zip(ids, edges, edges[1:], strict=False)
+    ]
 
 
 def transfer_requests(
@@ -44,13 +51,16 @@ def transfer_requests(
     engine without a per-descriptor cost (``Transport.one_request_rows``) takes any room as one."""
     n = len(plan.component)
     if n > one_request_rows or n == 0:
-        return [([(comp, w.nbytes, len(w))], w) for comp, w in writes_by_component(plan)]
+        return [([(comp, w.nbytes, w.count)], w) for comp, w in writes_by_component(plan)]
     shares: dict[int, list[int]] = {}
-    for comp, size in zip(plan.component.tolist(), plan.size.tolist(), strict=True):
+    counts = [1] * n if plan.repeat is None else plan.repeat[0].tolist()
+    for comp, size, count in zip(plan.component.tolist(), plan.size.tolist(), counts, strict=True):
         share = shares.setdefault(comp, [0, 0])
-        share[0] += size
-        share[1] += 1
-    writes = Writes(plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size)
+        share[0] += size * count
+        share[1] += count
+    writes = Writes(
+        plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size, plan.repeat
+    )
     return [([(comp, nbytes, count) for comp, (nbytes, count) in shares.items()], writes)]
 
 

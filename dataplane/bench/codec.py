@@ -2,7 +2,11 @@
 
 Scenario (DESIGN §8): a Qwen3-Next-like request — 32K tokens at page 64 → 512 KV pages fragmented into
 runs of 1-16 pages, 48 layers of which every 4th is full attention (24 KV buffers) and the other 36 are
-Gated DeltaNet (72 mamba tensors), one aux slot, one mamba slot. Each scenario times ours and sglang's
+Gated DeltaNet (72 mamba tensors), one aux slot, one mamba slot. The TP-mismatched requests (KV head
+slices per token, mamba slice blocks per tensor) run prefill TP 1 → decode TP 2 on that layout, and
+TP 2 → 4 and TP 8 → 4 on the same layers with 8 KV heads (Qwen3-Next's 2 do not split 4 or 8 ways);
+sglang's side is its MoRI sender's per-request work: one head-slice plan reused for every KV buffer
+and each tensor's slice blocks. Each scenario times ours and sglang's
 on identical inputs in the same process, pinned to one CPU: nine rounds of one batch per side, the
 order within a round alternating, the garbage collector off during each timed batch (as ``timeit``
 does). Each side's rate is its best round; the per-round ratios' spread is reported beside it.
@@ -18,7 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
@@ -271,10 +275,15 @@ class Inputs:
         )
 
 
-def make_inputs(decode_tp: int = 1, decode_rank: int = 0) -> Inputs:
+def make_inputs(
+    decode_tp: int = 1, decode_rank: int = 0, prefill_tp: int = 1, prefill_rank: int = 0, kv_heads: int = 0
+) -> Inputs:
+    """The Qwen3-Next request between the two ranks (``kv_heads``: that many KV heads instead of 2)."""
     rng = np.random.default_rng(2350)
     qwen = profile("qwen3-next")
-    local = qwen.schema(pool_pages=4096, max_requests=64)
+    if kv_heads:
+        qwen = replace(qwen, kv=replace(qwen.kv, heads=kv_heads))
+    local = qwen.schema(tp_size=prefill_tp, tp_rank=prefill_rank, pool_pages=4096, max_requests=64)
     peer = qwen.schema(tp_size=decode_tp, tp_rank=decode_rank, pool_pages=4096, max_requests=64)
     return Inputs(local, peer, fragmented_pages(rng, PAGES, 4096), fragmented_pages(rng, PAGES, 4096))
 
@@ -290,22 +299,34 @@ def sglang_plan(ref: ModuleType, inp: Inputs) -> list[Any]:
     return out
 
 
-def sglang_plan_tp(ref: ModuleType, inp: Inputs) -> list[Any]:
-    """The same with decode TP 2: KV head slices per token, mamba slice blocks per tensor."""
-    kv, peer = inp.local.kv, inp.peer_schema
-    half = kv.item_len // 2 // kv.page_size
-    cfg = ref.TPSliceConfig(
-        kv.page_size,
-        kv.item_len,
-        peer.kv.item_len,
-        kv.item_len // kv.page_size,
-        peer.kv.item_len // kv.page_size,
-        peer.tp_rank * half,
-        0,
-        half,
+def tp_slice_config(ref: ModuleType, inp: Inputs, kv_heads: int) -> Any:
+    """sglang's ``MoriKVManager._build_tp_slice_config`` on these inputs (its lines, with the sender's
+    ``kv_args`` and the peer's registration spelled out)."""
+    local, peer = inp.local, inp.peer_schema
+    page = local.kv.page_size
+    src_token, dst_token = local.kv.item_len // page, peer.kv.item_len // page
+    per_head = dst_token // max(1, kv_heads // peer.tp_size)
+    src_start, heads, dst_start, _ = ref.compute_head_slice_params(
+        local.tp_size, peer.tp_size, local.tp_rank, peer.tp_rank, kv_heads
     )
+    return ref.TPSliceConfig(
+        page,
+        local.kv.item_len,
+        peer.kv.item_len,
+        src_token,
+        dst_token,
+        src_start * per_head,
+        dst_start * per_head,
+        heads * per_head,
+    )
+
+
+def sglang_plan_tp(ref: ModuleType, inp: Inputs, cfg: Any) -> list[Any]:
+    """What sglang's MoRI sender computes per request with TP differing: one head-slice plan (reused
+    for every KV buffer) and each mamba tensor's slice blocks."""
+    local, peer = inp.local, inp.peer_schema
     out = [ref._build_tp_slice_transfer_plan(None, inp.src_kv, inp.dst_kv, cfg)]
-    comp, pcomp = inp.local.components[0], peer.components[0]
+    comp, pcomp = local.components[0], peer.components[0]
     _, ids, peer_ids = inp.state_lists
     for i, j in ref.build_transfer_entry_pairs(ids, peer_ids, len(comp.tensors), len(pcomp.tensors)):
         t, pt = comp.tensors[i], pcomp.tensors[j]
@@ -316,20 +337,45 @@ def sglang_plan_tp(ref: ModuleType, inp: Inputs) -> list[Any]:
                 src_dim=t.tp_dim,
                 dst_dim=pt.tp_dim,
                 outer_count=1,
-                src_attn_tp_size=1,
+                src_attn_tp_size=local.tp_size,
                 dst_attn_tp_size=peer.tp_size,
                 dst_tp_rank_in_group=peer.tp_rank,
-                local_tp_rank_in_group=0,
+                local_tp_rank_in_group=local.tp_rank,
                 conv_shard_groups=list(t.conv_shard_groups) or None,
             )
         )
     return out
 
 
+def tp_scenario(
+    ref: ModuleType, inp: Inputs, kv_heads: int
+) -> tuple[str, tuple[Callable[[], object], Callable[[], object]]]:
+    """A TP-mismatched request's scenario, after checking that both sides plan the same KV writes (our
+    compact plan's first KV buffer, expanded, against sglang's per-token list)."""
+    local, peer_schema = inp.local, inp.peer_schema
+    peer, req, cfg = inp.peer, inp.request(), tp_slice_config(ref, inp, kv_heads)
+    plan = plan_request(local, peer, req)
+    theirs = sglang_plan_tp(ref, inp, cfg)[0]
+    kv = plan.select(plan.local_region == 0).expanded()
+    ours = sorted(zip(kv.local_offset.tolist(), kv.remote_offset.tolist(), kv.size.tolist(), strict=True))
+    if ours != sorted(zip(theirs.local_offsets, theirs.remote_offsets, theirs.sizes, strict=True)):
+        raise RuntimeError(f"TP {local.tp_size}->{peer_schema.tp_size}: our KV writes differ from sglang's")
+    tps, ranks = f"{local.tp_size}->{peer_schema.tp_size}", f"{local.tp_rank}->{peer_schema.tp_rank}"
+    name = f"plan request (TP{tps}, rank {ranks}, {plan.writes / 1000:.0f}K writes in {len(plan):,} rows)"
+    return name, (lambda: plan_request(local, peer, req), lambda: sglang_plan_tp(ref, inp, cfg))
+
+
 def scenarios(ref: ModuleType) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
     """name → (ours, sglang's), each a zero-argument call on prepared inputs."""
-    same, tp2 = make_inputs(), make_inputs(decode_tp=2, decode_rank=1)
-    peer, peer2, req = same.peer, tp2.peer, same.request()
+    same, req = make_inputs(), make_inputs().request()
+    peer = same.peer
+    mismatched = dict(
+        (
+            tp_scenario(ref, make_inputs(decode_tp=2, decode_rank=1), 2),
+            tp_scenario(ref, make_inputs(4, 3, 2, 1, kv_heads=8), 8),
+            tp_scenario(ref, make_inputs(4, 2, 8, 5, kv_heads=8), 8),
+        )
+    )
     meta, recv = same.metadata(), same.sglang_receiver(ref)
     reg, recv_meta = (
         same.registration(),
@@ -378,10 +424,7 @@ def scenarios(ref: ModuleType) -> dict[str, tuple[Callable[[], object], Callable
             lambda: plan_request(same.local, peer, req),
             lambda: sglang_plan(ref, same),
         ),
-        "plan request (TP1->2, rank 1, 786K writes)": (
-            lambda: plan_request(tp2.local, peer2, tp2.request()),
-            lambda: sglang_plan_tp(ref, tp2),
-        ),
+        **mismatched,
         "pack_int_lists (72 state item lens)": (
             lambda: codec.pack_int_lists(item_lens, "I"),
             lambda: ref.pack_int_lists(item_lens, "I"),

@@ -38,6 +38,7 @@ NEEDED: dict[str, tuple[str, ...]] = {
         "unpack_int_lists",
         "group_concurrent_contiguous",
     ),
+    "common/staging_buffer.py": ("compute_head_slice_params",),
     "utils.py": (
         "should_send_replicated_state",
         "compute_mamba_state_slice_blocks",

@@ -3,9 +3,11 @@
 Each part is a group (by its position in ``Tables``) with paired, already checked indices. Parts with
 one index on each side (aux slot, mamba slot, a one-page request) are *single*: consecutive single
 groups fill their rows with one table lookup. Others broadcast ``items x indices`` over all of the
-group's blocks at once: whole-item groups over contiguous runs (sizes ``item x run length``), sliced
-groups over every index. All six columns are row views of three arrays (int64 offsets and sizes, int32
-regions, int16 components) sized up front, so nothing is concatenated afterwards.
+group's blocks at once: whole-item groups over contiguous runs (sizes ``item x run length``), strided
+groups over contiguous runs too (one compact row per block and run: ``count x run length`` writes, see
+``WritePlan.repeat``), other sliced groups over every index. All six columns are row views of three
+arrays (int64 offsets and sizes, int32 regions, int16 components; a compact plan's ``repeat`` a
+fourth) sized up front, so nothing is concatenated afterwards.
 
 ``Builder`` validates nothing itself: ``rules.checked`` (or ``rules.checked_runs``) has, before a
 part is added.
@@ -38,29 +40,34 @@ _Columns = tuple[npt.NDArray[Any], ...]
 class Builder:
     """Collects one request's parts (rows counted as they come), then writes every row at once."""
 
-    __slots__ = ("bulk", "n", "singles", "tables")
+    __slots__ = ("bulk", "n", "singles", "strided", "tables")
 
     def __init__(self, tables: Tables) -> None:
         self.tables = tables
         self.singles: list[_Single] = []
         self.bulk: list[_Bulk] = []
         self.n = 0
+        self.strided = False
 
     def single(self, gi: int, src: int, dst: int) -> None:
         self.singles.append((gi, src, dst, self.n))
         self.n += self.tables.blocks[gi]
 
     def runs(self, gi: int, starts: npt.NDArray[np.integer], lengths: npt.NDArray[np.integer]) -> None:
-        """A whole-item group's contiguous runs: ``starts`` is ``(2, runs)`` (prefill, decode)."""
+        """A whole-item or strided group's contiguous runs: ``starts`` is ``(2, runs)`` (prefill,
+        decode)."""
         self.bulk.append((gi, starts, lengths, self.n))
         self.n += self.tables.blocks[gi] * starts.shape[1]
+        self.strided = self.strided or self.tables.groups[gi].strided
 
     def add(self, gi: int, src: Indices, dst: Indices) -> None:
-        """Any checked part: single, runs of a whole-item group, or every index of a sliced group."""
-        if src.size == 1:
+        """Any checked part: single, runs of a whole-item or strided group, or every index of another
+        sliced group."""
+        group = self.tables.groups[gi]
+        if src.size == 1 and not group.strided:
             self.single(gi, int(src[0]), int(dst[0]))
         elif src.size:
-            if self.tables.groups[gi].whole:
+            if group.whole or group.strided:
                 self.runs(gi, *paired_runs(src, dst))
             else:
                 pair = np.concatenate((src, dst), dtype=np.int64).reshape(2, -1)
@@ -75,14 +82,25 @@ class Builder:
         i64 = np.empty((3, n), dtype=np.int64)
         i32 = np.empty((2, n), dtype=np.int32)
         i16 = np.empty(n, dtype=np.int16)
+        repeat = None
+        if self.strided:
+            repeat = np.zeros((3, n), dtype=np.int64)
+            repeat[0] = 1
         for gi, pair, lengths, at in self.bulk:
-            _fill_bulk(i64, i32, i16, self.tables.groups[gi], pair, lengths, at)
+            group = self.tables.groups[gi]
+            if repeat is not None and group.strided and lengths is not None:
+                _fill_strided(i64, repeat, group, pair, lengths, at)
+            else:
+                _fill_bulk(i64, group, pair, lengths, at)
+            end = at + group.blocks * pair.shape[1]
+            i32[:, at:end].reshape(2, group.blocks, pair.shape[1])[...] = group.regions[:, :, None]
+            i16[at:end] = group.component
         singles, first = self.singles, 0
         for k in range(1, len(singles) + 1):
             if k == len(singles) or singles[k][0] != singles[k - 1][0] + 1:
                 _fill_singles(i64, i32, i16, self.tables, singles[first:k])
                 first = k
-        return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
+        return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16, repeat)
 
 
 def assemble(tables: Tables, parts: Sequence[Part]) -> WritePlan:
@@ -95,8 +113,6 @@ def assemble(tables: Tables, parts: Sequence[Part]) -> WritePlan:
 
 def _fill_bulk(
     i64: I64,
-    i32: npt.NDArray[np.int32],
-    i16: npt.NDArray[np.int16],
     g: GroupTable,
     pair: npt.NDArray[np.integer],
     lengths: npt.NDArray[np.integer] | None,
@@ -120,8 +136,27 @@ def _fill_bulk(
             sizes[...] = g.size[:, None]
         else:
             np.multiply(g.size[:, None], lengths, out=sizes)
-    i32[:, at:end].reshape(2, blocks, count)[...] = g.regions[:, :, None]
-    i16[at:end] = g.component
+
+
+def _fill_strided(
+    i64: I64,
+    repeat: I64,
+    g: GroupTable,
+    starts: npt.NDArray[np.integer],
+    lengths: npt.NDArray[np.integer],
+    at: int,
+) -> None:
+    """A strided group's compact rows, one per block and run: the run's first item's block, the
+    block's size, ``count x run length`` writes at the block's strides."""
+    blocks, count = g.blocks, starts.shape[1]
+    end = at + blocks * count
+    offsets = i64[0:2, at:end].reshape(2, blocks, count)
+    np.multiply(g.items[:, :, None], starts[:, None, :], out=offsets)
+    if g.based:
+        np.add(offsets, g.bases[:, :, None], out=offsets)
+    i64[2, at:end].reshape(blocks, count)[...] = g.size[:, None]
+    np.multiply(g.count[:, None], lengths, out=repeat[0, at:end].reshape(blocks, count))
+    repeat[1:3, at:end].reshape(2, blocks, count)[...] = g.strides[:, :, None]
 
 
 def _fill_family(

@@ -58,7 +58,8 @@ class TensorGroup:
     can only produce writes inside both registered regions.
 
     ``whole`` groups move whole items (so contiguous runs coalesce); others move ``block_*`` byte blocks
-    of each item (TP slicing), one write per block per item.
+    of each item (TP slicing), one write per block per item. A block that recurs at a fixed stride
+    within the item (a head slice per token) is kept once, with its ``block_count`` per item.
     """
 
     name: str
@@ -79,6 +80,7 @@ class TensorGroup:
     block_remote_region: npt.NDArray[np.int32]
     block_local_item: I64
     block_remote_item: I64
+    block_count: I64
     table: GroupTable = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -89,6 +91,7 @@ class TensorGroup:
             self.block_size,
             self.component,
             self.whole,
+            self.block_count,
         )
         object.__setattr__(self, "table", table)
 
@@ -117,6 +120,12 @@ class TensorGroup:
                 f"{name}: block {flat[k][1:]} of tensor {int(t[k])} leaves its item "
                 f"({int(l_item[t[k]])} bytes on prefill, {int(r_item[t[k]])} on decode)"
             )
+        strided = [
+            (bs, 1) if whole else _strided(bs, li, ri) for bs, li, ri in zip(blocks, *items, strict=True)
+        ]
+        kept = [(k, *blk, c) for k, (bs, c) in enumerate(strided) for blk in bs]
+        t, b_src, b_dst, b_size, b_count = np.array(kept, dtype=np.int64).reshape(-1, 5).T
+        t = t.astype(np.intp)
         return cls(
             name,
             component,
@@ -136,10 +145,34 @@ class TensorGroup:
             r_reg[t],
             l_item[t],
             r_item[t],
+            b_count.copy(),
         )
 
     def __len__(self) -> int:
         return len(self.local_region)
+
+
+def _strided(blocks: list[Block], local_item: int, remote_item: int) -> tuple[list[Block], int]:
+    """``blocks`` as their fewest leading blocks and how many times those recur per item, each time
+    an item over the count further on each side (``(blocks, 1)`` when they do not recur): a head
+    slice of each of a page's tokens is one block recurring once per token."""
+    m = len(blocks)
+    for lead in range(1, m // 2 + 1):
+        count = m // lead
+        if m % lead or local_item % count or remote_item % count:
+            continue
+        ls, rs = local_item // count, remote_item // count
+        if all(
+            blocks[k]
+            == (
+                blocks[k % lead][0] + k // lead * ls,
+                blocks[k % lead][1] + k // lead * rs,
+                blocks[k % lead][2],
+            )
+            for k in range(m)
+        ):
+            return blocks[:lead], count
+    return blocks, 1
 
 
 def _equal_items(what: str, local: int, remote: int, tp: str) -> list[Block]:

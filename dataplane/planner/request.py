@@ -76,9 +76,9 @@ def plan_parts(pr: Pairing, req: RequestIndices) -> WritePlan:
 def _add(
     out: Builder, gi: int, group: TensorGroup, src: npt.NDArray[np.int32], dst: npt.NDArray[np.int32]
 ) -> None:
-    """Whole-item groups with several indices go through ``checked_runs`` (one pass for the range
-    check and the runs); everything else through ``checked``."""
-    if group.whole and src.size > 1 and dst.size > 1:
+    """Whole-item and strided groups with several indices go through ``checked_runs`` (one pass for
+    the range check and the runs); everything else through ``checked``."""
+    if (group.whole or group.table.strided) and src.size > 1 and dst.size > 1:
         out.runs(gi, *checked_runs(group, src, dst))
     else:
         out.add(gi, *checked(group, src, dst))

@@ -68,12 +68,15 @@ class CommonShape:
     @classmethod
     def build(cls, kv: TensorGroup, singles: Sequence[TensorGroup], tables: Tables) -> CommonShape | None:
         """The shape's tables, or ``None`` when this pairing cannot take the shape (KV buffers of
-        several item lengths or with bases, a group with nothing paired, a non-slot aux)."""
+        several item lengths or with bases, a group with nothing paired, a non-slot aux, a strided
+        single-index group)."""
         g = kv.table
         limit = min(kv.local_limit, kv.remote_limit)
         if not (len(kv) and g.whole and g.family is not None and not g.based and 0 < limit <= 2**31):
             return None
         if not singles or singles[0].rule is not SendRule.SLOT or not all(len(s) for s in singles):
+            return None
+        if any(s.table.strided for s in singles):
             return None
         lo, n = tables.start[1], len(singles)
         group = tables.row_group[lo:] - 1

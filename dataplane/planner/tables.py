@@ -5,6 +5,10 @@ tables stack the two sides: ``regions`` and ``items``/``bases`` are ``(2, blocks
 row 1 decode). ``Tables`` also concatenates every group's blocks in canonical group order (KV, aux,
 components), so the single-index groups of a request (aux slot, mamba slot) fill their rows with one
 lookup instead of one small plan each. Built once per ``Pairing``.
+
+A TP-sliced block that recurs at a fixed stride within the item (a head slice of each token of a KV
+page) is one *strided* block: ``count`` copies per item, ``strides`` apart on each side (the item over
+the count, so a run of consecutive items continues the same stride and is one compact row).
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ class GroupTable:
 
     ``family`` is ``[[prefill item], [decode item], [size]]`` (a ``(3, 1)`` column) when every block
     shares them (e.g. all KV buffers of one item length): a request's offsets and sizes are then
-    computed once per index or run and broadcast over the blocks."""
+    computed once per index or run and broadcast over the blocks.
+
+    ``count`` and ``strides`` (``(2, blocks)``) describe strided blocks (see the module docstring);
+    ``strided`` says whether any block recurs (count above 1): such a group is planned as compact
+    rows, one per block and run of items."""
 
     regions: npt.NDArray[np.int32]
     items: I64
@@ -42,6 +50,9 @@ class GroupTable:
     component: int
     whole: bool
     based: bool
+    count: I64
+    strides: I64
+    strided: bool
     family: I64 | None = None
 
     @classmethod
@@ -53,10 +64,12 @@ class GroupTable:
         size: I64,
         component: int,
         whole: bool,
+        count: I64 | None = None,
     ) -> GroupTable:
         base = np.array(bases, dtype=np.int64).reshape(2, -1)
         item = np.array(items, dtype=np.int64).reshape(2, -1)
         sizes = np.array(size, dtype=np.int64).reshape(-1)
+        counts = np.ones(len(sizes), dtype=np.int64) if count is None else np.array(count, dtype=np.int64)
         stacked = np.concatenate((item, sizes[None, :]))
         uniform = stacked.shape[1] > 0 and bool((stacked == stacked[:, :1]).all())
         return cls(
@@ -67,6 +80,9 @@ class GroupTable:
             component,
             whole,
             bool(base.any()),
+            _frozen(counts),
+            _frozen(item // counts),
+            bool((counts > 1).any()),
             _frozen(stacked[:, :1].copy()) if uniform else None,
         )
 

@@ -64,17 +64,24 @@ COLUMNS = ("local_region", "local_offset", "remote_region", "remote_offset", "si
 
 @dataclass(frozen=True)
 class Writes:
-    """Validated, contiguous parallel arrays (int32 region ids, int64 offsets and sizes)."""
+    """Validated, contiguous parallel arrays (int32 region ids, int64 offsets and sizes).
+
+    ``repeat`` (``None``: one write per entry) is a compact plan's ``(3, n)`` int64
+    ``[count; local stride; remote stride]`` (``WritePlan.repeat``): entry ``i`` stands for
+    ``count[i]`` writes, the ``k``-th at ``offset + k * stride`` on each side. Only a transport with
+    ``takes_strided`` is given such a batch; ``Transport.write`` expands it for the others."""
 
     local_region: np.ndarray
     local_offset: np.ndarray
     remote_region: np.ndarray
     remote_offset: np.ndarray
     size: np.ndarray
+    repeat: np.ndarray | None = None
 
     @classmethod
     def of(cls, spec: WriteSpec) -> Writes:
-        """Normalise a plan (or anything with the five arrays) and check their shapes."""
+        """Normalise a plan (or anything with the five arrays, and maybe ``repeat``) and check their
+        shapes."""
         arrays = [
             np.ascontiguousarray(getattr(spec, name), dtype=np.int32 if name.endswith("region") else np.int64)
             for name in COLUMNS
@@ -82,22 +89,40 @@ class Writes:
         n = arrays[0].shape
         if any(a.ndim != 1 or a.shape != n for a in arrays):
             raise PlanError(f"write arrays must be 1-D and of one length, got {[a.shape for a in arrays]}")
-        return cls(*arrays)
+        lr, lo, rr, ro, size = arrays
+        rep = getattr(spec, "repeat", None)
+        if rep is None:
+            return cls(lr, lo, rr, ro, size)
+        repeat = np.ascontiguousarray(rep, dtype=np.int64)
+        if repeat.shape != (3, n[0]):
+            raise PlanError(f"write repeat must be (3, {n[0]}) [count; strides], got {repeat.shape}")
+        return cls(lr, lo, rr, ro, size, repeat)
 
     @classmethod
     def concat(cls, parts: Sequence[Writes]) -> Writes:
         """Several batches as one (in order), e.g. the rooms one engine request carries together."""
-        return cls(*(np.concatenate([getattr(w, name) for w in parts]) for name in COLUMNS))
+        lr, lo, rr, ro, size = (np.concatenate([getattr(w, name) for w in parts]) for name in COLUMNS)
+        if all(w.repeat is None for w in parts):
+            return cls(lr, lo, rr, ro, size)
+        return cls(lr, lo, rr, ro, size, np.concatenate([w.repeats() for w in parts], axis=1))
 
     def subset(self, mask: np.ndarray) -> Writes:
-        return Writes(*(getattr(self, name)[mask] for name in COLUMNS))
+        lr, lo, rr, ro, size = (getattr(self, name)[mask] for name in COLUMNS)
+        return Writes(lr, lo, rr, ro, size, None if self.repeat is None else self.repeat[:, mask])
 
     def __len__(self) -> int:
         return int(self.size.shape[0])
 
     @functools.cached_property
     def nbytes(self) -> int:
+        if self.repeat is not None:
+            return int((self.size * self.repeat[0]).sum())
         return sum(self.lists[4]) if len(self.size) <= SMALL else int(self.size.sum())
+
+    @property
+    def count(self) -> int:
+        """Writes in the batch (entries times their counts)."""
+        return len(self) if self.repeat is None else int(self.repeat[0].sum())
 
     @functools.cached_property
     def lists(self) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
@@ -106,6 +131,44 @@ class Writes:
         lr, lo, rr, ro, size = (getattr(self, name).tolist() for name in COLUMNS)
         return lr, lo, rr, ro, size
 
+    def repeats(self) -> np.ndarray:
+        """``repeat``, or its one-write-per-entry form (counts of 1, strides of 0)."""
+        if self.repeat is not None:
+            return self.repeat
+        rep = np.zeros((3, len(self)), dtype=np.int64)
+        rep[0] = 1
+        return rep
+
+    def expanded(self) -> Writes:
+        """One write per entry (``self`` when it already is), each entry's writes in stride order."""
+        rep = self.repeat
+        if rep is None:
+            return self
+        count = rep[0]
+        row = np.repeat(np.arange(len(count)), count)
+        step = np.arange(len(row), dtype=np.int64) - (np.cumsum(count) - count)[row]
+        return Writes(
+            self.local_region[row],
+            self.local_offset[row] + step * rep[1, row],
+            self.remote_region[row],
+            self.remote_offset[row] + step * rep[2, row],
+            self.size[row],
+        )
+
+    def last(self) -> Writes:
+        """Each entry's last write (offsets are linear in the write's number, so it and the entry's
+        first bound every write of the entry)."""
+        if self.repeat is None:
+            return self
+        steps = self.repeat[0] - 1
+        return Writes(
+            self.local_region,
+            self.local_offset + steps * self.repeat[1],
+            self.remote_region,
+            self.remote_offset + steps * self.repeat[2],
+            self.size,
+        )
+
 
 SMALL = 32
 """Batches up to this many writes are checked in plain Python: a dozen numpy calls on two-element
@@ -113,7 +176,16 @@ arrays cost more than the loop (most components of a request are one to a few wr
 
 
 def check_bounds(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray) -> None:
-    """Raise ``PlanError`` unless every write lies inside its local and remote region."""
+    """Raise ``PlanError`` unless every write lies inside its local and remote region (of a strided
+    entry: its first and its last write, which bound the others)."""
+    if writes.repeat is not None:
+        if len(writes) and int(writes.repeat[0].min()) < 1:
+            raise PlanError("write counts must be at least 1")
+        w = writes
+        first = Writes(w.local_region, w.local_offset, w.remote_region, w.remote_offset, w.size)
+        check_bounds(first, local_sizes, remote_sizes)
+        check_bounds(writes.last(), local_sizes, remote_sizes)
+        return
     n = len(writes)
     if n == 0:
         return
@@ -249,6 +321,9 @@ class Transport(ABC):
     one_request_rows: ClassVar[int] = 128
     """A room of at most this many writes goes as one ``write`` (``agent.requests``), larger ones as
     one per component: what suits an engine whose lists are prepared per block size (NIXL)."""
+    takes_strided: ClassVar[bool] = False
+    """The engine takes strided entries (``Writes.repeat``) as they are; ``write`` expands them for
+    the others."""
     bounds_checked_by_engine: ClassVar[bool] = False
     """The engine itself skips every write outside its regions and fails the transfer, naming the
     first (cuda-ipc's copy kernel): ``write`` then leaves out the host's pass over the batch."""
@@ -297,6 +372,8 @@ class Transport(ABC):
         has other work to do meanwhile, so an engine that copies inside its post (NIXL host memory)
         should post from its own thread rather than make the caller wait for the copy."""
         batch = writes if isinstance(writes, Writes) else Writes.of(writes)
+        if batch.repeat is not None and not self.takes_strided:
+            batch = batch.expanded()
         if not peer.connected:
             raise BadInput(f"{self.name}: peer {peer.peer_id!r} is disconnected")
         if not self.bounds_checked_by_engine:

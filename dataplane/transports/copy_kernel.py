@@ -14,10 +14,15 @@ GPU's 50 µs copy.
   with raw pointers through Triton's compiled-kernel launcher (~6 µs against ~30 µs for a JIT call,
   which binds and specialises its arguments on every call).
 
-Table layout (int64): ``[flag, lr[n], lo[n], rr[n], ro[n], size[n]]``. ``flag`` goes up as ``n`` and
-the kernel lowers it to the index of the first write outside its regions (an atomic min). Such a
-write is skipped, never clamped. Region tables: ``[src_off[nl], src_size[nl], dst_off[nr],
-dst_size[nr]]``, offsets from the two base pointers.
+Table layout (int64): ``[flag, lr[n], lo[n], rr[n], ro[n], size[n]]``, and for a strided batch
+(``Writes.repeat``: a TP-sliced plan's head slices, one entry per run of tokens) three more columns,
+``count[n], ls[n], rs[n]``: entry ``i`` is ``count`` writes ``ls``/``rs`` bytes apart. ``flag`` goes
+up as ``n`` and the kernel lowers it to the index of the first entry outside its regions (an atomic
+min; of a strided entry, its first or last write). Such an entry is skipped, never clamped. Region
+tables: ``[src_off[nl], src_size[nl], dst_off[nr], dst_size[nr]]``, offsets from the two base pointers.
+
+A strided entry is cut into programs of whole writes (``Geometry.per`` each), and a program's lanes
+run over its writes' words together, so slices of a few hundred bytes fill a tile as pages do.
 """
 
 from __future__ import annotations
@@ -41,15 +46,22 @@ BLOCKS = (256, 512, 1024, 2048, 4096)
 copy on an H200, and 4-64 KiB pages ran the same at any width (docs/gpu.md)."""
 
 
+def columns(writes: Writes) -> int:
+    """Columns of the batch's table: 5, or 8 for a strided batch."""
+    return 5 if writes.repeat is None else 8
+
+
 def pack(writes: Writes, alloc: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
     """The batch as the kernel's int64 table, in ``alloc(words)`` (pinned memory, ready to upload)."""
     n = len(writes)
-    table = (alloc or (lambda k: np.empty(k, dtype=np.int64)))(1 + 5 * n)
+    table = (alloc or (lambda k: np.empty(k, dtype=np.int64)))(1 + columns(writes) * n)
     table[0] = n
     for k, column in enumerate(
         (writes.local_region, writes.local_offset, writes.remote_region, writes.remote_offset, writes.size)
     ):
         np.copyto(table[1 + k * n : 1 + (k + 1) * n], column)
+    if writes.repeat is not None:
+        np.copyto(table[1 + 5 * n : 1 + 8 * n].reshape(3, n), writes.repeat)
     return table
 
 
@@ -67,6 +79,9 @@ class Geometry:
     grid: tuple[int, int]
     block: int
     warps: int
+    per: int = 0
+    """Writes per program of a strided batch (0: not strided): program ``(i, k)`` copies writes
+    ``[k * per, (k + 1) * per)`` of entry ``i``."""
 
 
 def geometry(n: int, total: int, largest: int) -> Geometry:
@@ -82,6 +97,25 @@ def geometry(n: int, total: int, largest: int) -> Geometry:
     return Geometry(chunk, (n, splits), block, 16 if block >= 4096 else 4)
 
 
+def strided_geometry(size: np.ndarray, count: np.ndarray) -> Geometry:
+    """Grid for a strided batch: each program takes ``per`` whole writes of one entry, about
+    ``MIN_CHUNK`` bytes (at least one write; fewer where the entries are too few to fill
+    ``PROGRAMS`` programs), with tiles as wide as a program's words."""
+    n = len(size)
+    largest = max(1, int(size.max()))
+    total = max(1, int((size * count).sum()))
+    want = max(largest, min(MIN_CHUNK, -(-total // PROGRAMS)))
+    per = max(1, want // largest)
+    most = max(1, int(count.max()))
+    splits = -(-most // per)
+    if splits > MAX_GRID_Y:
+        per = -(-most // MAX_GRID_Y)
+        splits = -(-most // per)
+    words = max(1, per * largest // 8)
+    block = min(BLOCKS[-1], max(BLOCKS[0], 1 << (words - 1).bit_length()))
+    return Geometry(per * largest, (n, splits), block, 16 if block >= 4096 else 4, per)
+
+
 def replay(
     table: np.ndarray, regions: np.ndarray, nl: int, src: np.ndarray, dst: np.ndarray, g: Geometry
 ) -> int:
@@ -89,16 +123,27 @@ def replay(
     bases) program by program; returns the flag (the first write outside its regions, else ``n``)."""
     n = int(table[0])
     lr, lo, rr, ro, size = (table[1 + k * n : 1 + (k + 1) * n] for k in range(5))
+    zero = np.zeros(n, np.int64)
+    count, ls, rs = (table[1 + k * n : 1 + (k + 1) * n] if g.per else zero for k in range(5, 8))
     nr = (len(regions) - 2 * nl) // 2
     flag = n
     for i in range(n):
+        last_lo = lo[i] + (count[i] - 1) * ls[i] if g.per else lo[i]
+        last_ro = ro[i] + (count[i] - 1) * rs[i] if g.per else ro[i]
         ok = 0 <= lr[i] < nl and 0 <= rr[i] < nr and size[i] > 0 and lo[i] >= 0 and ro[i] >= 0
+        ok = ok and (not g.per or (count[i] > 0 and last_lo >= 0 and last_ro >= 0))
         if ok:
             s_off, s_size = regions[lr[i]], regions[nl + lr[i]]
             d_off, d_size = regions[2 * nl + rr[i]], regions[2 * nl + nr + rr[i]]
-            ok = lo[i] <= s_size - size[i] and ro[i] <= d_size - size[i]
+            ok = max(lo[i], last_lo) <= s_size - size[i] and max(ro[i], last_ro) <= d_size - size[i]
         if not ok:
             flag = min(flag, i)
+            continue
+        if g.per:
+            for k in range(g.grid[1]):
+                for e in range(k * g.per, min(int(count[i]), (k + 1) * g.per)):
+                    s, d, m = int(s_off + lo[i] + e * ls[i]), int(d_off + ro[i] + e * rs[i]), int(size[i])
+                    dst[d : d + m] = src[s : s + m]
             continue
         for k in range(g.grid[1]):
             start = k * g.chunk
@@ -116,7 +161,7 @@ def _kernel() -> Any:
     @triton.jit(do_not_specialize=["n", "nl", "nr", "chunk"])
     def _copy_writes(
         src16, dst16, src1, dst1, regions, table, n: tl.int64, nl: tl.int64, nr: tl.int64, chunk: tl.int64,
-        BLOCK: tl.constexpr,
+        BLOCK: tl.constexpr, STRIDED: tl.constexpr,
     ):
         i = tl.program_id(0).to(tl.int64)
         k = tl.program_id(1).to(tl.int64)
@@ -133,27 +178,62 @@ def _kernel() -> Any:
         d_off = tl.load(regions + 2 * nl + b)
         d_size = tl.load(regions + 2 * nl + nr + b)
         ok = ok & (lo <= s_size - size) & (ro <= d_size - size)
-        if (k == 0) & (ok.to(tl.int32) == 0):
-            tl.atomic_min(table, i)
-        start = k * chunk
-        m = tl.maximum(tl.where(ok, tl.minimum(chunk, size - start), 0), 0)
-        s = s_off + lo + start
-        d = d_off + ro + start
-        wide = (((s | d | m) & 15) == 0).to(tl.int64)
-        # Offsets and lengths in 16-byte pairs of int64 words: "* 2" lets Triton prove 16-byte
-        # alignment and emit vector loads and stores.
-        words = ((m * wide) >> 4) * 2
-        s8 = (s >> 4) * 2
-        d8 = (d >> 4) * 2
-        for j in range(0, tl.cdiv(words, BLOCK)):
-            offs = j * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < words
-            tl.store(dst16 + d8 + offs, tl.load(src16 + s8 + offs, mask=mask), mask=mask)
-        rest = m * (1 - wide)
-        for j in range(0, tl.cdiv(rest, BLOCK)):
-            offs = j * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < rest
-            tl.store(dst1 + d + offs, tl.load(src1 + s + offs, mask=mask), mask=mask)
+        if STRIDED:  # ``chunk`` is writes per program; lanes run over the words of all of them
+            count = tl.load(table + 1 + 5 * n + i)
+            ls = tl.load(table + 1 + 6 * n + i)
+            rs = tl.load(table + 1 + 7 * n + i)
+            last_lo = lo + (count - 1) * ls
+            last_ro = ro + (count - 1) * rs
+            ok = ok & (count > 0) & (last_lo >= 0) & (last_ro >= 0)
+            ok = ok & (last_lo <= s_size - size) & (last_ro <= d_size - size)
+            if (k == 0) & (ok.to(tl.int32) == 0):
+                tl.atomic_min(table, i)
+            first = k * chunk
+            writes = tl.maximum(tl.where(ok, tl.minimum(chunk, count - first), 0), 0)
+            s = s_off + lo + first * ls
+            d = d_off + ro + first * rs
+            one = tl.where(ok, size, 1)
+            wide = (((s | d | one | ls | rs) & 7) == 0).to(tl.int64)
+            unit = 1 + 7 * wide
+            per = one // unit
+            total = writes * per
+            if wide == 1:
+                for j in range(0, tl.cdiv(total, BLOCK)):
+                    offs = j * BLOCK + tl.arange(0, BLOCK)
+                    mask = offs < total
+                    e = offs // per
+                    w = offs - e * per
+                    sp = src16 + (s >> 3) + e * (ls >> 3) + w
+                    tl.store(dst16 + (d >> 3) + e * (rs >> 3) + w, tl.load(sp, mask=mask), mask=mask)
+            else:
+                for j in range(0, tl.cdiv(total, BLOCK)):
+                    offs = j * BLOCK + tl.arange(0, BLOCK)
+                    mask = offs < total
+                    e = offs // per
+                    w = offs - e * per
+                    tl.store(dst1 + d + e * rs + w, tl.load(src1 + s + e * ls + w, mask=mask), mask=mask)
+        else:
+            if (k == 0) & (ok.to(tl.int32) == 0):
+                tl.atomic_min(table, i)
+            start = k * chunk
+            m = tl.maximum(tl.where(ok, tl.minimum(chunk, size - start), 0), 0)
+            s = s_off + lo + start
+            d = d_off + ro + start
+            wide = (((s | d | m) & 15) == 0).to(tl.int64)
+            # Offsets and lengths in 16-byte pairs of int64 words: "* 2" lets Triton prove 16-byte
+            # alignment and emit vector loads and stores.
+            words = ((m * wide) >> 4) * 2
+            s8 = (s >> 4) * 2
+            d8 = (d >> 4) * 2
+            for j in range(0, tl.cdiv(words, BLOCK)):
+                offs = j * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < words
+                tl.store(dst16 + d8 + offs, tl.load(src16 + s8 + offs, mask=mask), mask=mask)
+            rest = m * (1 - wide)
+            for j in range(0, tl.cdiv(rest, BLOCK)):
+                offs = j * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < rest
+                tl.store(dst1 + d + offs, tl.load(src1 + s + offs, mask=mask), mask=mask)
 
     return _copy_writes
 
@@ -165,13 +245,14 @@ class CopyKernel:
         kernel = _kernel()
         words = torch.zeros(8, dtype=torch.int64, device=device)
         data = words.view(torch.uint8)
-        self._compiled: dict[int, Any] = {}
+        self._compiled: dict[tuple[int, bool], Any] = {}
         for block in BLOCKS:
             warps = 16 if block >= 4096 else 4
-            compiled = kernel.warmup(
-                words, words, data, data, words, words, 1, 1, 1, 1, BLOCK=block, num_warps=warps, grid=(1,)
-            )
-            self._compiled[block] = compiled
+            for strided in (False, True):
+                self._compiled[block, strided] = kernel.warmup(
+                    words, words, data, data, words, words, 1, 1, 1, 1, BLOCK=block, STRIDED=strided,
+                    num_warps=warps, grid=(1,),
+                )
 
     def launch(
         self, g: Geometry, stream: int, bases: tuple[int, int], regions: int, table: int, n: int, nl: int,
@@ -182,9 +263,21 @@ class CopyKernel:
         if (bases[0] | bases[1] | regions | table) & 15:
             raise ValueError("copy kernel pointers must be 16-byte aligned")
         src, dst = bases
-        self._compiled[g.block][(g.grid[0], g.grid[1], 1)](
-            src, dst, src, dst, regions, table, n, nl, nr, g.chunk, g.block, stream=stream
+        strided = g.per > 0
+        self._compiled[g.block, strided][(g.grid[0], g.grid[1], 1)](
+            src, dst, src, dst, regions, table, n, nl, nr, g.per if strided else g.chunk, g.block, strided,
+            stream=stream,
         )
 
 
-__all__ = ["BLOCKS", "CopyKernel", "Geometry", "geometry", "pack", "region_table", "replay"]
+__all__ = [
+    "BLOCKS",
+    "CopyKernel",
+    "Geometry",
+    "columns",
+    "geometry",
+    "pack",
+    "region_table",
+    "replay",
+    "strided_geometry",
+]

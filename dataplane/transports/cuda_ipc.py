@@ -6,9 +6,12 @@ device-to-device copy on 64 MiB blocks (docs/gpu.md). Here the peer's regions ar
 process once (``cudaIpcOpenMemHandle``), and a batch of writes — any number, any sizes, any regions —
 is one launch of ``copy_kernel``: the plan's five columns go up as one table, and the kernel finds each
 write's addresses, checks its bounds and copies it page to page, so small pages need no staging and
-the host's work does not grow with the pages. Completion is a CUDA event; transfers finish in launch
-order (one stream), so their buffers are released oldest first. A kernel cannot be cancelled, but it
-never waits on the peer: it ends on its own, and ``disconnect`` waits for this stream before unmapping.
+the host's work does not grow with the pages. A TP-sliced plan goes up compact (``takes_strided``):
+three more columns give each row's count and strides, and the kernel copies every write they stand
+for, so a room's head slices cost its rows, not its tokens, on the host. Completion is a CUDA event;
+transfers finish in launch order (one stream), so their buffers are released oldest first. A kernel
+cannot be cancelled, but it never waits on the peer: it ends on its own, and ``disconnect`` waits for
+this stream before unmapping.
 
 Bounds are checked by the kernel (``bounds_checked_by_engine``): a write outside its regions is
 skipped, and the transfer fails naming the first such write, as ``check_bounds`` would have.
@@ -33,7 +36,7 @@ import numpy as np
 
 from ..errors import BadInput, IncompatiblePeer, TransferFailed, WireFormatError
 from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes, write_error
-from .copy_kernel import CopyKernel, geometry, pack, region_table
+from .copy_kernel import CopyKernel, columns, geometry, pack, region_table, strided_geometry
 from .cudart import D2H, H2D, CudaError, runtime
 from .ipc_memory import export_ipc, open_ipc
 
@@ -118,6 +121,9 @@ class CudaIpcTransfer(Transfer):
     """The batch's packed table: pinned host memory (numpy view), then the flag read back into it."""
     buffers: tuple[Any, ...] = ()
     """The pinned and device tables (``_table``), kept until the kernel is done with them."""
+    rows: int = 0
+    """Entries in the table (``count`` counts writes: a strided entry is several)."""
+    strided: bool = False
 
 
 class CudaIpcTransport(Transport):
@@ -127,6 +133,8 @@ class CudaIpcTransport(Transport):
     one_request_rows = 1 << 62
     """Any room is one kernel: one launch and one event beat one per component."""
     bounds_checked_by_engine = True
+    takes_strided = True
+    """A TP-sliced plan's strided entries go up as they are; the kernel expands them (``copy_kernel``)."""
     spare_tables = 8
     """Table buffers (pinned and device) kept for reuse: allocating them per batch cost ~35 µs in the
     agent, a fifth of its host time per room (docs/gpu.md)."""
@@ -212,20 +220,24 @@ class CudaIpcTransport(Transport):
         assert isinstance(peer, CudaIpcPeer)
         rt, stream = self._rt, self._stream
         n = len(writes)
-        nbytes = int(writes.size.sum())
-        transfer = CudaIpcTransfer(peer, n, nbytes)
+        nbytes = writes.nbytes
+        transfer = CudaIpcTransfer(peer, writes.count, nbytes, rows=n, strided=writes.repeat is not None)
         try:
             self._retire()
             if threading.get_ident() != self._thread:  # the device is per thread; kernels launch on it
                 rt.set_device(self._device_id)
                 self._thread = threading.get_ident()
-            transfer.buffers = host, dev, view = self._table(1 + 5 * n)
-            transfer.table = pack(writes, lambda words: view[:words])
+            words = 1 + columns(writes) * n
+            transfer.buffers = host, dev, view = self._table(words)
+            transfer.table = pack(writes, lambda k: view[:k])
             # Sources are written by the engine on its default stream: copy only after that work.
             rt.record(self._ready, self._engine_stream)
             rt.wait(stream, self._ready)
-            rt.memcpy(dev.data_ptr(), host.data_ptr(), 8 * (1 + 5 * n), H2D, stream)
-            g = geometry(n, nbytes, int(writes.size.max()))
+            rt.memcpy(dev.data_ptr(), host.data_ptr(), 8 * words, H2D, stream)
+            if writes.repeat is None:
+                g = geometry(n, nbytes, int(writes.size.max()))
+            else:
+                g = strided_geometry(writes.size, writes.repeat[0])
             self._kernel.launch(
                 g, stream, (self._base, peer.base), peer.regions.data_ptr(), dev.data_ptr(), n,
                 len(self._addrs), len(peer.addrs),
@@ -271,16 +283,19 @@ class CudaIpcTransport(Transport):
             transfer.table, transfer.buffers = None, ()
 
     def _finish(self, transfer: CudaIpcTransfer) -> None:
-        table, n = transfer.table, transfer.count
+        table, n = transfer.table, transfer.rows
         bad = int(table[0])
         if bad >= n:
             transfer.state = TransferState.DONE
             return
         lr, lo, rr, ro, size = (int(table[1 + k * n + bad]) for k in range(5))
         assert isinstance(transfer.peer, CudaIpcPeer)
-        why = write_error(
-            bad, lr, lo, rr, ro, size, self._local_sizes.tolist(), transfer.peer.remote_sizes.tolist()
-        )
+        sizes = self._local_sizes.tolist(), transfer.peer.remote_sizes.tolist()
+        why = write_error(bad, lr, lo, rr, ro, size, *sizes)
+        if why is None and transfer.strided:  # the entry's first write is inside: its last is not
+            count, ls, rs = (int(table[1 + k * n + bad]) for k in range(5, 8))
+            last = (lo + (count - 1) * ls, ro + (count - 1) * rs)
+            why = write_error(bad, lr, last[0], rr, last[1], size, *sizes) or f"write {bad}: count {count}"
         transfer.fail(TransferFailed(f"cuda-ipc: write to {transfer.peer.peer_id!r} refused by the copy "
                                      f"kernel (nothing written for it): {why}"))
 

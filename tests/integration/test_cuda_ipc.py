@@ -119,6 +119,63 @@ def test_pages_land_where_the_plan_says_and_nowhere_else() -> None:
         child.join(30)
 
 
+def test_strided_entries_land_where_the_plan_says_and_nowhere_else() -> None:
+    """A TP-sliced plan's strided entries (head slices of runs of tokens; 8-byte and odd sizes) as one
+    batch, and an entry whose last write leaves decode's region: refused, named, nothing written."""
+    from dataplane.errors import TransferFailed
+    from dataplane.transports import MemoryRegion, Writes
+    from dataplane.transports.cuda_ipc import CudaIpcTransport
+
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_owner, args=(theirs,), daemon=True)
+    child.start()
+    try:
+        src = torch.randint(0, 256, (2, PAGES * PAGE), dtype=torch.uint8, device="cuda")
+        transport = CudaIpcTransport(0)
+        transport.register([MemoryRegion(s.data_ptr(), s.numel(), "cuda", 0) for s in src])
+        endpoint, blobs = mine.recv()
+        peer = transport.connect("decode", endpoint, blobs)
+        rng = np.random.default_rng(35)
+        rows: list[list[int]] = []
+        ends = [0, 0]
+        for _ in range(120):
+            size = int(rng.choice([512, 96, 13, 4096]))
+            count = int(rng.integers(1, 200))
+            ls, rs = size + int(rng.choice([0, 8, 512])), size + int(rng.choice([0, 16, 1024]))
+            lr, rr = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+            lo = int(rng.integers(0, 64)) * 8
+            if max(lo + (count - 1) * ls, ends[rr] + (count - 1) * rs) + size > PAGES * PAGE:
+                continue
+            rows.append([lr, lo, rr, ends[rr], size, count, ls, rs])
+            ends[rr] += (count - 1) * rs + size + int(rng.choice([0, 3, 64]))
+        cols = np.array(rows, dtype=np.int64).T
+        regions = cols[0].astype(np.int32), cols[2].astype(np.int32)
+        w = Writes(regions[0], cols[1], regions[1], cols[3], cols[4], cols[5:8].copy())
+        transfer = transport.write(peer, w)
+        transport.wait(transfer, time.monotonic() + 30)
+        last = PAGES * PAGE - 4096
+        # entry 0's first write is inside decode's region 0, its third is not; entry 1 lands
+        bad = Writes(np.array([0, 1], np.int32), np.array([0, 0]), np.array([0, 1], np.int32),
+                     np.array([last, 0]), np.array([64, 64]), np.array([[3, 3], [2048, 128], [2048, 2048]]))
+        transfer = transport.write(peer, bad)
+        named = rf"write 0: remote region 0 \[{last + 4096}, \+64\) overflows"
+        with pytest.raises(TransferFailed, match=named):
+            transport.wait(transfer, time.monotonic() + 30)
+        mine.send("read")
+        got = mine.recv()
+        want = [np.full(PAGES * PAGE, 0x5A, np.uint8) for _ in range(2)]
+        host = src.cpu().numpy()
+        for batch in (w, bad.subset(np.array([False, True]))):
+            for lr, lo, rr, ro, size in zip(*batch.expanded().lists, strict=True):
+                want[rr][ro:ro + size] = host[lr][lo:lo + size]
+        assert all(np.array_equal(g, x) for g, x in zip(got, want, strict=True))
+        transport.close()
+    finally:
+        mine.send("bye")
+        child.join(30)
+
+
 def test_a_peer_on_another_node_is_refused() -> None:
     from dataplane.errors import IncompatiblePeer
     from dataplane.transports import MemoryRegion

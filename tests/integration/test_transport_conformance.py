@@ -224,6 +224,23 @@ def test_unaligned_writes(pair: Pair) -> None:
     verify(pair, w)
 
 
+@pytest.mark.parametrize("pair", ALL, indirect=True)
+def test_strided_entries_land_byte_for_byte(pair: Pair) -> None:
+    """A TP-sliced plan's compact rows (``Writes.repeat``): a head slice of each of 64 tokens per row,
+    strides differing on the two sides; an engine that does not take them gets them expanded."""
+    rep = np.array([[64, 64, 3], [1024, 1024, 4096], [512, 512, 8192]], np.int64)
+    w = Writes(np.array([0, 0, 1], np.int32), np.array([256, 65536 + 512, 0]), np.array([1, 1, 0], np.int32),
+               np.array([0, 32768, 1 << 20]), np.array([256, 256, 4096]), rep)
+    run(pair, w)
+    for i, want in enumerate(expected_remote(pair, w.expanded())):
+        assert np.array_equal(pair.read_remote(i), want)
+    over = Writes(w.local_region, w.local_offset, w.remote_region, w.remote_offset, w.size, rep.copy())
+    assert over.repeat is not None
+    over.repeat[2, 0] = SIZES[1] // 63  # the first write is inside remote region 1, the 64th is not
+    with pytest.raises(PlanError, match=rf"write 63: remote region 1 \[{63 * (SIZES[1] // 63)}, \+256\)"):
+        pair.transport.write(pair.peer, over)
+
+
 OUT_OF_BOUNDS = {
     "local-overflow": dict(lr=[0], lo=[SIZES[0] - 10], rr=[0], ro=[0], n=[11]),
     "remote-overflow": dict(lr=[0, 0], lo=[0, 0], rr=[1, 1], ro=[0, SIZES[1] - 4095], n=[4096, 4096]),

@@ -14,7 +14,16 @@ from hypothesis import strategies as st
 from dataplane.errors import PlanError
 from dataplane.transports.base import Writes, check_bounds, write_error
 from dataplane.transports.batch_kernels import FIRST_BAD
-from dataplane.transports.copy_kernel import BLOCKS, MIN_CHUNK, PROGRAMS, geometry, pack, region_table, replay
+from dataplane.transports.copy_kernel import (
+    BLOCKS,
+    MIN_CHUNK,
+    PROGRAMS,
+    geometry,
+    pack,
+    region_table,
+    replay,
+    strided_geometry,
+)
 
 
 @st.composite
@@ -122,3 +131,88 @@ def test_compiled_bounds_check_finds_what_the_numpy_path_reports() -> None:
     if FIRST_BAD is not None:
         assert FIRST_BAD(*(getattr(bad, f) for f in ("local_region", "local_offset", "remote_region",
                                                        "remote_offset", "size")), sizes, sizes) == 37
+
+
+@st.composite
+def strided_batches(draw: st.DrawFn) -> tuple[Writes, list[int], list[int]]:
+    """Strided entries (``Writes.repeat``: head slices of runs of tokens) between two regions, each
+    entry's writes ``stride >= size`` apart, destinations never overlapping."""
+    align = draw(st.sampled_from([1, 8, 16]))
+    n = draw(st.integers(1, 12))
+    lo, ro, size, count, ls, rs = [], [], [], [], [], []
+    end = 0
+    for _ in range(n):
+        size.append(draw(st.integers(1, 96)) * align)
+        count.append(draw(st.integers(1, 300)))
+        ls.append(size[-1] + draw(st.integers(0, 3)) * align)
+        rs.append(size[-1] + draw(st.integers(0, 3)) * align)
+        lo.append(draw(st.integers(0, 8)) * align)
+        ro.append(end + draw(st.integers(0, 2)) * align)
+        end = ro[-1] + (count[-1] - 1) * rs[-1] + size[-1]
+    lsize = max(o + (c - 1) * st_ + s for o, c, st_, s in zip(lo, count, ls, size, strict=True))
+    i64 = np.array
+    w = Writes(np.zeros(n, np.int32), i64(lo, np.int64), np.zeros(n, np.int32), i64(ro, np.int64),
+               i64(size, np.int64), i64([count, ls, rs], np.int64))
+    return w, [lsize], [end]
+
+
+def _replay(w: Writes, lsizes: list[int], rsizes: list[int]) -> tuple[int, np.ndarray, np.ndarray]:
+    """The kernel's numpy twin on a strided batch with its strided geometry, and the expanded batch's
+    bytes written one by one."""
+    loff, lsz = layout(lsizes, 32)
+    roff, rsz = layout(rsizes, 32)
+    src = np.random.default_rng(2).integers(0, 256, int(loff[-1] + lsz[-1] + 32), dtype=np.uint8)
+    dst = np.zeros(int(roff[-1] + rsz[-1] + 32), np.uint8)
+    assert w.repeat is not None
+    g = strided_geometry(w.size, w.repeat[0])
+    flag = replay(pack(w), region_table(loff, lsz, roff, rsz), len(lsizes), src, dst, g)
+    want = np.zeros_like(dst)
+    for a, o, b, p, k in zip(*w.expanded().lists, strict=True):
+        want[roff[b] + p : roff[b] + p + k] = src[loff[a] + o : loff[a] + o + k]
+    return flag, dst, want
+
+
+@settings(max_examples=60, deadline=None)
+@given(strided_batches())
+def test_strided_entries_move_exactly_the_bytes_of_their_writes(
+    batch: tuple[Writes, list[int], list[int]],
+) -> None:
+    w, lsizes, rsizes = batch
+    flag, dst, want = _replay(w, lsizes, rsizes)
+    assert flag == len(w)
+    assert np.array_equal(dst, want)
+
+
+def test_a_strided_entry_whose_last_write_leaves_its_region_is_flagged_and_skipped() -> None:
+    n, count = 4, 16
+    at = np.arange(n, dtype=np.int64) * count * 128
+    rep = np.array([[count] * n, [128] * n, [128] * n], np.int64)
+    w = Writes(np.zeros(n, np.int32), at, np.zeros(n, np.int32), at, np.full(n, 64, np.int64), rep)
+    sizes = [n * count * 128]
+    flag, _, want = _replay(w, sizes, sizes)
+    assert flag == n
+    bad = Writes(w.local_region, w.local_offset, w.remote_region, w.remote_offset, w.size, rep.copy())
+    assert bad.repeat is not None
+    bad.repeat[0, 3] = count + 1  # the entry's first write is inside its regions, its 17th is not
+    loff, lsz = layout(sizes, 32)
+    src = np.random.default_rng(2).integers(0, 256, int(loff[-1] + lsz[-1] + 32), dtype=np.uint8)
+    out = np.zeros_like(src)
+    g = strided_geometry(bad.size, bad.repeat[0])
+    assert replay(pack(bad), region_table(loff, lsz, loff, lsz), 1, src, out, g) == 3
+    assert not out[3 * count * 128 :].any()  # nothing of the bad entry landed, the others did
+    assert np.array_equal(out[: 3 * count * 128], want[: 3 * count * 128])
+    with pytest.raises(PlanError, match="write 3: local region 0"):
+        check_bounds(bad, np.array(sizes), np.array(sizes))
+    check_bounds(w, np.array(sizes), np.array(sizes))
+
+
+def test_a_strided_batch_packs_three_more_columns_and_cuts_entries_into_whole_writes() -> None:
+    w = Writes(np.array([0], np.int32), np.array([8]), np.array([1], np.int32), np.array([16]),
+               np.array([512]), np.array([[1000], [1024], [2048]]))
+    assert pack(w).tolist() == [1, 0, 8, 1, 16, 512, 1000, 1024, 2048]
+    few = strided_geometry(w.size, w.repeat[0])  # type: ignore[index]
+    assert few.per == 1 and few.grid == (1, 1000) and few.block == BLOCKS[0]  # 1000 programs: fill the GPU
+    many = strided_geometry(np.array([512, 256]), np.array([1_000_000, 10]))
+    assert many.per == MIN_CHUNK // 512 and many.grid == (2, -(-1_000_000 // many.per))
+    assert many.block == BLOCKS[-1] and many.warps == 16
+    assert w.expanded().count == w.count == 1000 and w.nbytes == 512 * 1000

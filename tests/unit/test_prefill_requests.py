@@ -22,7 +22,7 @@ def plan_of(rows: list[tuple[int, int]]) -> WritePlan:
 def shares(requests) -> dict[int, tuple[int, int]]:
     out: dict[int, list[int]] = {}
     for parts, writes in requests:
-        assert sum(n for _, n, _ in parts) == writes.nbytes and sum(k for *_, k in parts) == len(writes)
+        assert sum(n for _, n, _ in parts) == writes.nbytes and sum(k for *_, k in parts) == writes.count
         for comp, nbytes, count in parts:
             got = out.setdefault(comp, [0, 0])
             got[0] += nbytes
@@ -48,3 +48,19 @@ def test_a_large_room_is_one_request_per_component():
 
 def test_an_empty_plan_has_no_requests():
     assert transfer_requests(plan_of([])) == []
+
+
+def test_a_compact_plans_strided_rows_travel_as_they_are_and_count_their_writes():
+    """A TP-sliced plan (``WritePlan.repeat``): each request carries its rows' repeat, and the shares
+    count every write a row stands for, small room or large."""
+    plan = plan_of([(KV_COMPONENT, 512), (KV_COMPONENT, 512), (AUX_COMPONENT, 64), (0, 1024)])
+    rep = np.array([[64, 128, 1, 3], [1024, 1024, 0, 2048], [512, 512, 0, 1024]], np.int64)
+    plan = WritePlan.trusted(plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset,
+                             plan.size, plan.component, rep)
+    want = {KV_COMPONENT: (512 * 192, 192), AUX_COMPONENT: (64, 1), 0: (3 * 1024, 3)}
+    for rows in (ONE_REQUEST_ROWS, 1):
+        requests = transfer_requests(plan, rows)
+        assert len(requests) == (1 if rows == ONE_REQUEST_ROWS else 3)
+        assert shares(requests) == want
+        assert all(w.repeat is not None for _, w in requests)
+        assert np.array_equal(np.concatenate([w.repeat for _, w in requests], axis=1), rep)
