@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..schema.profiles import profile_names
+from .args import integer, listed, number, one_of, plain
+
 DEFAULT_TOKENS = "1024,4096,0,300,2048"
+POOL_PAGES = 512
+MAX_REQUESTS = 32
+MAX_TP = 8
+MAX_TOKENS = 1 << 20
 
 
 TRANSPORTS = {"nixl": "NIXL on loopback", "cuda-ipc": "CUDA IPC on this node's GPU"}
@@ -28,25 +35,34 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
         help="prefill + decode on loopback, verified per component",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--profile", default="qwen3-next", help="model profile (default: qwen3-next)")
-    p.add_argument("--requests", type=int, default=200, help="requests to push (default: 200)")
+    profiles = profile_names()
+    p.add_argument("--profile", type=one_of(profiles, "profile"), default="qwen3-next", metavar="PROFILE",
+                   help=f"model profile, one of {', '.join(profiles)} (default: qwen3-next)")
+    p.add_argument("--requests", type=integer(1, 1_000_000), default=200,
+                   help="requests to push, 1 to 1,000,000 (default: 200)")
     p.add_argument(
-        "--tokens", default=DEFAULT_TOKENS, help=f"token lengths, cycled (default: {DEFAULT_TOKENS})"
+        "--tokens", type=listed(integer(0, MAX_TOKENS), "token lengths"), default=DEFAULT_TOKENS,
+        help=f"token lengths, cycled, each 0 to {MAX_TOKENS:,} (default: {DEFAULT_TOKENS})",
     )
-    p.add_argument("--inflight", type=int, default=4, help="rooms in flight (default: 4)")
-    p.add_argument("--prefill-tp", type=int, default=1)
-    p.add_argument("--decode-tp", type=int, default=1)
+    p.add_argument("--inflight", type=integer(1, MAX_REQUESTS), default=4,
+                   help=f"rooms in flight, 1 to {MAX_REQUESTS} (default: 4)")
+    p.add_argument("--prefill-tp", type=integer(1, MAX_TP), default=1,
+                   help=f"prefill TP ranks, one process each, 1 to {MAX_TP} (default: 1)")
+    p.add_argument("--decode-tp", type=integer(1, MAX_TP), default=1,
+                   help=f"decode TP ranks, one process each, 1 to {MAX_TP} (default: 1)")
     p.add_argument("--ucx-tls", default=None, help="UCX_TLS for NIXL (e.g. tcp); default: UCX's choice")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="pools in host memory (default) or CUDA memory (needs torch and a GPU)")
     p.add_argument("--backend", choices=("nixl", "cuda-ipc"), default="nixl",
                    help="transfer engine: nixl (default) or cuda-ipc (needs --device cuda and Triton; "
                         "docs/gpu.md)")
-    p.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
-    p.add_argument("--hold", type=float, default=0.0, help="keep the agents up this long after the run")
+    p.add_argument("--timeout", type=number(1, 86_400), default=120.0,
+                   help="give up after this many seconds (default: 120)")
+    p.add_argument("--hold", type=number(0, 86_400), default=0.0,
+                   help="keep the agents up this many seconds after the run (default: 0)")
     p.add_argument("--json", action="store_true", help="print a JSON list of per-component results")
     p.add_argument("--sidecar", action="store_true",
                    help="engine and agent as two processes per role, over the local API (docs/sidecar.md)")
@@ -56,9 +72,8 @@ def register(subparsers: Any) -> None:
 def demo_config(args: argparse.Namespace) -> Any:
     from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig, TransferConfig
 
-    tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
     return AgentConfig(
-        model=ModelConfig(profile=args.profile, pool_pages=512, max_requests=32),
+        model=ModelConfig(profile=args.profile, pool_pages=POOL_PAGES, max_requests=MAX_REQUESTS),
         transfer=TransferConfig(
             backend=args.backend,
             timeout_seconds=30,
@@ -67,7 +82,7 @@ def demo_config(args: argparse.Namespace) -> Any:
             nixl=NixlConfig(ucx_tls=args.ucx_tls),
         ),
         synthetic=SyntheticConfig(
-            requests_per_second=0, requests=args.requests, tokens=tokens, max_inflight=args.inflight
+            requests_per_second=0, requests=args.requests, tokens=args.tokens, max_inflight=args.inflight
         ),
     )
 

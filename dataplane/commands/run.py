@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from .args import add_log_level, integer, plain
+
 LOG_FIELDS = ("name", "levelname", "message")
 
 
@@ -49,7 +51,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "run",
         help="run one agent (what pods run)",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--role", choices=("prefill", "decode"), required=True)
@@ -57,9 +59,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen-host", help="address every listener binds (overrides listen.host)")
     p.add_argument("--pod-name", help="this pod (identity.podName); enables the pod condition")
     p.add_argument("--namespace", help="this pod's namespace (identity.namespace)")
-    p.add_argument("--tp-rank", type=int, help="this agent's TP rank (overrides tpRank)")
+    p.add_argument("--tp-rank", type=integer(0, 1023), help="this agent's TP rank (overrides tpRank)")
     p.add_argument("--log-format", choices=("plain", "json"), default="plain")
-    p.add_argument("--log-level", default="INFO")
+    add_log_level(p)
     p.add_argument("--ready-file", metavar="FILE", help="write the bound ports here as JSON once up")
     p.set_defaults(handler=run)
 
