@@ -6,8 +6,9 @@ metadata, per-component writes, status — verifies every byte on decode, and pr
 component: requests, bytes, verified, GB/s over the time its writes were in flight, and p50/p99
 of the prefill's per-component write latency. Below the table: the run's aggregate rate (every
 component's bytes over decode's transfer window) beside this machine's memcpy rate for a copy of
-one request's size, the ceiling for a move between two processes on one host. ``--json`` prints the
-same rows as a JSON list. Exit status 1 when any byte failed verification or any request failed.
+the run's size (64 to 128 MiB: beyond the CPU's caches, as the pools are), the ceiling for a move
+between two processes on one host. ``--json`` prints the same rows as a JSON list. Exit status 1
+when any byte failed verification or any request failed.
 """
 
 from __future__ import annotations

@@ -9,14 +9,19 @@ With a pod name and namespace, handshake outcomes are reported as the pod condit
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from typing import Any
 
+from ..errors import BadInput
 from .args import add_log_level, integer, plain
+
+BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 LOG_FIELDS = ("name", "levelname", "message")
 
@@ -94,6 +99,21 @@ def pod_reporter(cfg: Any) -> Any:
     return PodStatusReporter(ident.namespace, ident.pod_name)
 
 
+def cannot_listen(cfg: Any, reason: str) -> str:
+    """A listener could not bind: the address and the ports that were asked for, and the fix."""
+    listen = cfg.listen
+    ports = ", ".join(
+        f"{name} {port}"
+        for name, port in (("bootstrap", listen.bootstrap_port), ("metrics", listen.metrics_port),
+                           ("control", listen.control_port), ("lane", listen.lane_port))
+        if port
+    )
+    return (
+        f"listen.host {listen.host} (--listen-host), ports {ports or 'any'}: cannot listen ({reason}); "
+        "give an address of this host and ports no other process holds (0: any free port)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
     from ..agent import AgentRuntime
@@ -106,7 +126,13 @@ def run(args: argparse.Namespace) -> int:
         from ..localapi.sidecar import serve
 
         return serve(cfg, reporter=pod_reporter(cfg), ready_file=args.ready_file)
-    runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg)).start()
+    try:
+        runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg)).start()
+    except Exception as exc:
+        code = getattr(exc, "errno", None)  # OSError, and zmq.ZMQError which is not one
+        if code not in BIND_ERRNOS:
+            raise
+        raise BadInput(cannot_listen(cfg, os.strerror(code))) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runtime.stop_event.set())
     if args.ready_file:

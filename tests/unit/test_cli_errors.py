@@ -122,6 +122,19 @@ def test_agent_run_config_mistake_is_one_line(config_dir: Path, name: str, words
         assert word in line, line
 
 
+def test_agent_run_on_a_taken_port_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "agent.yaml"
+        config.write_text(f"listen:\n  host: 127.0.0.1\n  bootstrapPort: 0\n  metricsPort: {port}\n")
+        env = {**ENV, "NIXL_LOG_LEVEL": "WARN"}  # NIXL's own INFO lines at start-up
+        line = one_line_error([*AGENT, "run", "--role", "prefill", "--config", str(config)], env)
+    assert f"listen.host 127.0.0.1 (--listen-host), ports metrics {port}: cannot listen" in line, line
+    assert "Address already in use" in line, line
+
+
 @pytest.mark.parametrize(
     ("text", "hint"),
     [
