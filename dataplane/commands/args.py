@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any, NoReturn
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -172,3 +174,16 @@ def log_level(text: str) -> str:
 def add_log_level(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", type=log_level, default="INFO", metavar="LEVEL",
                         help=f"one of {', '.join(LOG_LEVELS)} (default: INFO)")
+
+
+def output_file(text: str) -> str:
+    """``type=`` for a file the command writes later: its folder must exist and be writable now, so a
+    typo fails before the work instead of after it."""
+    folder = Path(text).expanduser().parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: folder {folder} does not exist; create it or fix the path"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: folder {folder} is not writable; pick another path")
+    return text

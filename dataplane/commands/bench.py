@@ -22,7 +22,7 @@ import msgspec
 
 from ..errors import BadInput
 from ..schema.profiles import profile_names
-from .args import integer, listed, one_of, plain, size
+from .args import integer, listed, one_of, output_file, plain, size
 
 SIZES = "4K,64K,1M,4M,16M,64M"
 CASE_BYTES = 256 << 20
@@ -107,7 +107,8 @@ def register(subparsers: Any) -> None:
     )
     add_compiled_option(t)
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
-    t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
+    t.add_argument("--record", type=output_file, metavar="FILE",
+                   help="append the results as a dated section to FILE")
     t.set_defaults(handler=run)
 
 

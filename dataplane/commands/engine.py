@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from ..schema.profiles import profile_names
-from .args import add_log_level, integer, listed, number, one_of, plain
+from .args import add_log_level, integer, listed, number, one_of, output_file, plain
 
 
 def register(subparsers: Any) -> None:
@@ -47,7 +47,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--shm-mode", choices=("fd", "shm"), default="fd", help="memfd passing or named /dev/shm")
     p.add_argument("--timeout", type=number(0.001, 3600), default=5.0,
                    help="bound on every local API call (seconds)")
-    p.add_argument("--report", metavar="FILE", help="keep a JSON summary here")
+    p.add_argument("--report", type=output_file, metavar="FILE", help="keep a JSON summary here")
     p.add_argument("--presend", type=integer(0, 4096), default=0, metavar="N",
                    help="prefill: send N rooms ahead (room ids from --room-base, sizes from --tokens)")
     p.add_argument("--huge-pages", choices=("auto", "always", "never"),

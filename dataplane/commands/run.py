@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ..errors import BadInput
-from .args import add_log_level, integer, plain
+from .args import add_log_level, integer, output_file, plain
 
 BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
@@ -67,7 +67,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tp-rank", type=integer(0, 1023), help="this agent's TP rank (overrides tpRank)")
     p.add_argument("--log-format", choices=("plain", "json"), default="plain")
     add_log_level(p)
-    p.add_argument("--ready-file", metavar="FILE", help="write the bound ports here as JSON once up")
+    p.add_argument("--ready-file", type=output_file, metavar="FILE",
+                   help="write the bound ports here as JSON once up")
     p.set_defaults(handler=run)
 
 

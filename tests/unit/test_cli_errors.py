@@ -80,6 +80,9 @@ FLAG_CASES = [
     (["run", "--role", "prefill", "--config", "x.yaml", "--log-level", "loud"], ["--log-level", "'loud'"]),
     (["run", "--role", "prefill", "--config", "x.yaml", "--tp-rank", "-1"], ["--tp-rank", "-1"]),
     (["run", "--role", "middle", "--config", "x.yaml"], ["--role", "'middle'", "prefill", "decode"]),
+    (["run", "--role", "prefill", "--config", "x", "--ready-file", "/no/d/r"], ["--ready-file", "/no/d"]),
+    (["engine", "--role", "decode", "--report", "/no/such/dir/r.json"], ["--report", "/no/such/dir"]),
+    (["bench", "transfer", "--record", "/no/such/dir/BENCH.md"], ["--record", "/no/such/dir"]),
     ([], ["COMMAND"]),
     (["wire", "encode"], ["--kind"]),
 ]
