@@ -107,6 +107,7 @@ def test_agent_flag_out_of_range_is_one_line(argv: list[str], words: list[str]) 
 @pytest.fixture
 def config_dir(tmp_path: Path) -> Path:
     (tmp_path / "typo.yaml").write_text("model:\n  pagesize: 16\n")
+    (tmp_path / "broken.yaml").write_text("model: [\n")
     (tmp_path / "cfgdir").mkdir()
     return tmp_path
 
@@ -117,6 +118,7 @@ def config_dir(tmp_path: Path) -> Path:
         ("missing.yaml", ["missing.yaml", "No such file"]),
         ("cfgdir", ["cfgdir", "cannot read", "Is a directory"]),
         ("typo.yaml", ["typo.yaml", "`pagesize`", "did you mean `pageSize`?"]),
+        ("broken.yaml", ["broken.yaml", "not valid YAML/JSON", "line 2"]),
     ],
 )
 def test_agent_run_config_mistake_is_one_line(config_dir: Path, name: str, words: list[str]) -> None:
