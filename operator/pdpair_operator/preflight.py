@@ -79,6 +79,15 @@ def _no_credentials(exc: BaseException) -> str:
 
 def _short(exc: BaseException) -> str:
     """An exception's cause in a few words: the OS error's text where one is inside, else the first line."""
+    reason = getattr(exc, "reason", None)  # urllib3's MaxRetryError wraps the cause
+    if isinstance(reason, BaseException):
+        exc = reason
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return "connected, but no response: read timed out"
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError) and not isinstance(
+        exc, urllib3.exceptions.NewConnectionError  # a subclass, for "connection refused" and the like
+    ):
+        return "connect timed out"
     text = str(exc)
     found = _ERRNO.search(text)
     if found:

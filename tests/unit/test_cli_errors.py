@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,12 +192,6 @@ def test_help_texts_list_profiles_and_backends() -> None:
     assert "{nixl,cuda-ipc}" in helps["pdpair-agent demo"]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _kubeconfig(path: Path, server: str) -> Path:
     path.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
@@ -227,11 +222,28 @@ def test_operator_with_a_malformed_kubeconfig_is_one_line(tmp_path: Path) -> Non
     assert f"the kubeconfig {bad} is unusable" in line, line
 
 
-def test_operator_gives_up_on_a_silent_api_server_after_the_connect_timeout(tmp_path: Path) -> None:
-    server = f"https://127.0.0.1:{_closed_port()}"
-    env = _operator_env(tmp_path, _kubeconfig(tmp_path / "kc.yaml", server))
-    line = one_line_error([*OPERATOR, "--connect-timeout", "1.5"], env, timeout=30)
-    assert f"the API server at {server} did not answer within 1.5s" in line and "--connect-timeout" in line
+@pytest.mark.parametrize(
+    ("listening", "reason"),
+    [(False, "Connection refused"), (True, "connected, but no response: read timed out")],
+    ids=["closed-port", "accepts-but-never-answers"],
+)
+def test_operator_gives_up_on_a_silent_api_server_after_the_connect_timeout(
+    tmp_path: Path, listening: bool, reason: str
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        if listening:
+            sock.listen()
+        port = sock.getsockname()[1]
+        if not listening:
+            sock.close()
+        server = f"https://127.0.0.1:{port}"
+        env = _operator_env(tmp_path, _kubeconfig(tmp_path / "kc.yaml", server))
+        started = time.monotonic()
+        line = one_line_error([*OPERATOR, "--connect-timeout", "1.5"], env, timeout=30)
+    assert time.monotonic() - started < 25  # bounded: kopf would retry forever
+    assert f"the API server at {server} did not answer within 1.5s ({reason})" in line, line
+    assert "--connect-timeout" in line
 
 
 @pytest.mark.parametrize(
