@@ -1,6 +1,7 @@
 """``pdpair-operator``: run the PDPair operator against the current kubeconfig (or in-cluster config).
 
-A thin wrapper over ``kopf.run``: parses options once, configures logging, imports the handlers (which
+A thin wrapper over ``kopf.run``: parses options once, checks that the API server answers
+(``preflight``: one line and exit 1 when it does not), configures logging, imports the handlers (which
 register themselves with kopf) and hands the options to them through kopf's ``memo``.
 """
 
