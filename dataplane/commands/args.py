@@ -124,14 +124,17 @@ def size(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
-def listed(item: Callable[[str], Any], what: str, max_items: int = 64) -> Callable[[str], tuple[Any, ...]]:
-    """``type=`` for a comma-separated list of 1..``max_items`` values, each parsed by ``item``."""
+def listed(
+    item: Callable[[str], Any], what: str, max_items: int = 64, min_items: int = 1
+) -> Callable[[str], tuple[Any, ...]]:
+    """``type=`` for a comma-separated list of ``min_items``..``max_items`` values, each parsed by
+    ``item``."""
 
     def parse(text: str) -> tuple[Any, ...]:
         parts = [p for p in text.split(",") if p.strip()]
-        if not 1 <= len(parts) <= max_items:
+        if not min_items <= len(parts) <= max_items:
             raise argparse.ArgumentTypeError(
-                f"{text!r}: give 1 to {max_items} {what}, separated by commas"
+                f"{text!r}: give {min_items} to {max_items} {what}, separated by commas"
             )
         out = []
         for i, p in enumerate(parts, 1):

@@ -32,8 +32,8 @@ MAX_INFLIGHT = 64
 
 
 def block_sizes(text: str) -> tuple[int, ...]:
-    """``--sizes``: block sizes, 64 bytes to 256M each."""
-    return listed(size(64, MAX_BLOCK), "block sizes", 32)(text)
+    """``--sizes``: block sizes, 64 bytes to 256M each ('' for none: the mix case alone)."""
+    return listed(size(64, MAX_BLOCK), "block sizes", 32, min_items=0)(text)
 
 
 def mix_profile(text: str) -> str:
@@ -46,7 +46,7 @@ def add_case_options(
 ) -> None:
     """The case options ``bench transfer`` and ``sidecar-bench`` share."""
     p.add_argument("--sizes", type=block_sizes, default=sizes,
-                   help=f"block sizes, comma-separated, each 64 to 256M (default: {sizes})")
+                   help=f"block sizes, comma-separated, each 64 to 256M, or '' for none (default: {sizes})")
     p.add_argument("--mix", type=mix_profile, default="qwen3-next", metavar="PROFILE",
                    help=f"model profile for the request-mix case, one of {', '.join(profile_names())}, "
                    "or '' for none (default: qwen3-next)")
@@ -215,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.transfer import run_case
     from ..config import NixlConfig
 
+    require_cases(args)
     compiled = compiled_agents(args.compiled)
     if compiled is None:
         return 2
@@ -249,6 +250,11 @@ def run(args: argparse.Namespace) -> int:
     if args.record:
         record(Path(args.record), results, " ".join(["pdpair-agent", *sys.argv[1:]]))
     return 0
+
+
+def require_cases(args: argparse.Namespace) -> None:
+    if not args.sizes and not args.mix:
+        raise BadInput("--sizes '' and --mix '': nothing to measure; give block sizes, a profile or both")
 
 
 def add_compiled_option(parser: argparse.ArgumentParser) -> None:

@@ -89,7 +89,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench import block_config, compiled_agents, mix_config
+    from .bench import block_config, compiled_agents, mix_config, require_cases
+
+    require_cases(args)
 
     compiled = compiled_agents(args.compiled, "sidecar-bench")
     if compiled is None:

@@ -60,6 +60,7 @@ FLAG_CASES = [
     (["bench", "codec", "--cpu", "-1"], ["--cpu", "-1"]),
     (["bench", "codec", "--cpu", "65535"], ["--cpu 65535", "may run on CPUs"]),
     (["sidecar-bench", "--sizes", "0"], ["--sizes", "0"]),
+    (["sidecar-bench", "--sizes=", "--mix="], ["--sizes ''", "nothing to measure"]),
     (["sidecar-bench", "--case-bytes", "1T1"], ["--case-bytes", "'1T1'"]),
     (["sidecar-bench", "--max-requests", "0"], ["--max-requests", "0"]),
     (["sidecar-bench", "--inflight", "0"], ["--inflight", "0"]),
