@@ -10,6 +10,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from .commands.args import Parser, add_version
 from .errors import PDPairError
 
 COMMAND_MODULES = (
@@ -23,10 +24,11 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pdpair-agent",
         description="PDPair data-plane agent: moves per-component hybrid-model state from prefill to decode.",
     )
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -38,10 +40,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except PDPairError as exc:
-        print(f"pdpair-agent: error: {exc}", file=sys.stderr)
+        print(f"pdpair-agent: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def one_line(message: str) -> str:
+    """An error message on one line (a YAML parser's message can span several)."""
+    return " ".join(message.split())
 
 
 if __name__ == "__main__":

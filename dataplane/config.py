@@ -7,6 +7,7 @@ imports this module too: it must stay free of numpy, torch and the engines. Libr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -295,7 +296,7 @@ def parse_config(data: bytes | str, *, source: str = "<config>") -> AgentConfig:
         else:
             cfg = msgspec.yaml.decode(data, type=AgentConfig)
     except msgspec.ValidationError as exc:
-        raise BadInput(f"{source}: invalid agent config: {exc}") from exc
+        raise BadInput(f"{source}: invalid agent config: {exc}{_did_you_mean(str(exc))}") from exc
     except msgspec.DecodeError as exc:
         raise BadInput(f"{source}: not valid YAML/JSON: {exc}") from exc
     if cfg.format_version != FORMAT_VERSION:
@@ -307,7 +308,58 @@ def parse_config(data: bytes | str, *, source: str = "<config>") -> AgentConfig:
 
 def load_config(path: str | Path) -> AgentConfig:
     p = Path(path)
-    return parse_config(p.read_bytes(), source=str(p))
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise BadInput(
+            f"{p}: cannot read the agent config ({exc.strerror}); give the path of a readable YAML or "
+            "JSON file"
+        ) from None
+    return parse_config(data, source=str(p))
+
+
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`(?: - at `([^`]*)`)?")
+_STEP = re.compile(r"\.([^.\[]+)|\[[^\]]*\]")
+
+
+def _did_you_mean(message: str) -> str:
+    """For msgspec's "unknown field `k` - at `$.a.b`": the nearest key that exists at that path
+    (``pagesize`` -> ``pageSize``), else the keys there; "" for any other message."""
+    import difflib
+
+    from msgspec import inspect
+
+    found = _UNKNOWN.search(message)
+    if not found:
+        return ""
+    key, path = found.group(1), found.group(2) or "$"
+    info: Any = inspect.type_info(AgentConfig)
+    for step in _STEP.finditer(path.removeprefix("$")):
+        info = _unwrap(info)
+        if step.group(1) is None:
+            info = getattr(info, "item_type", None)
+        else:
+            fields = {f.encode_name: f.type for f in getattr(info, "fields", ())}
+            info = fields.get(step.group(1))
+    info = _unwrap(info)
+    names = [f.encode_name for f in getattr(info, "fields", ())]
+    if not names:
+        return ""
+    lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(key.lower(), list(lower), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean `{lower[close[0]]}`?"
+    return f"; keys there: {', '.join(names)}"
+
+
+def _unwrap(info: Any) -> Any:
+    """The non-None member of an optional type (``Struct | None``), else ``info`` itself."""
+    from msgspec import inspect
+
+    if isinstance(info, inspect.UnionType):
+        rest = [t for t in info.types if not isinstance(t, inspect.NoneType)]
+        return rest[0] if len(rest) == 1 else info
+    return info
 
 
 def dump_config(cfg: AgentConfig) -> bytes:

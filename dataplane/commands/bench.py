@@ -20,8 +20,42 @@ from typing import Any
 
 import msgspec
 
+from ..errors import BadInput
+from ..schema.profiles import profile_names
+from .args import integer, listed, one_of, output_file, plain, size
+
 SIZES = "4K,64K,1M,4M,16M,64M"
 CASE_BYTES = 256 << 20
+MAX_BLOCK = 256 << 20
+"""Each block-size case's agent holds at least two pages of K and of V per room in flight."""
+MAX_INFLIGHT = 64
+
+
+def block_sizes(text: str) -> tuple[int, ...]:
+    """``--sizes``: block sizes, 64 bytes to 256M each ('' for none: the mix case alone)."""
+    return listed(size(64, MAX_BLOCK), "block sizes", 32, min_items=0)(text)
+
+
+def mix_profile(text: str) -> str:
+    """``--mix``: a model profile, or '' for no mix case."""
+    return one_of(profile_names(), "profile", empty=True)(text)
+
+
+def add_case_options(
+    p: argparse.ArgumentParser, sizes: str, case_bytes: int, max_requests: int, repeat: int
+) -> None:
+    """The case options ``bench transfer`` and ``sidecar-bench`` share."""
+    p.add_argument("--sizes", type=block_sizes, default=sizes,
+                   help=f"block sizes, comma-separated, each 64 to 256M, or '' for none (default: {sizes})")
+    p.add_argument("--mix", type=mix_profile, default="qwen3-next", metavar="PROFILE",
+                   help=f"model profile for the request-mix case, one of {', '.join(profile_names())}, "
+                   "or '' for none (default: qwen3-next)")
+    p.add_argument("--case-bytes", type=size(1 << 20, 1 << 40), default=case_bytes,
+                   help=f"bytes moved per case, 1M to 1T (default: {case_bytes >> 20}M)")
+    p.add_argument("--max-requests", type=integer(1, 1_000_000), default=max_requests,
+                   help=f"cap on requests per case, 1 to 1,000,000 (default: {max_requests})")
+    p.add_argument("--repeat", type=integer(1, 100), default=repeat,
+                   help=f"repetitions per case, 1 to 100; figures are medians (default: {repeat})")
 
 
 def register(subparsers: Any) -> None:
@@ -31,25 +65,24 @@ def register(subparsers: Any) -> None:
     t = sub.add_parser(
         "transfer",
         help="agent vs raw NIXL vs memcpy on the same blocks",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    t.add_argument("--sizes", default=SIZES, help=f"block sizes (default: {SIZES})")
-    t.add_argument("--mix", default="qwen3-next", help="model profile for the request-mix case ('' = none)")
-    t.add_argument("--case-bytes", type=int, default=CASE_BYTES, help="bytes moved per case")
-    t.add_argument("--max-requests", type=int, default=400, help="cap on requests per case")
-    t.add_argument("--repeat", type=int, default=3, help="repetitions per case (figures are medians)")
-    t.add_argument("--warmup", type=int, default=5, help="untimed requests before each timed run")
+    add_case_options(t, SIZES, CASE_BYTES, 400, 3)
+    t.add_argument("--warmup", type=integer(0, 10_000), default=5,
+                   help="untimed requests before each timed run, 0 to 10,000 (default: 5)")
     t.add_argument(
-        "--inflight", type=int, default=1,
-        help="rooms in flight per decode, and requests outstanding in the raw engine's loop (default: 1)",
+        "--inflight", type=integer(1, MAX_INFLIGHT), default=1,
+        help="rooms in flight per decode, and requests outstanding in the raw engine's loop, 1 to 64 "
+        "(default: 1)",
     )
     t.add_argument(
         "--ucx-tls", default=None, help="UCX_TLS for the agent and the raw engine alike (default: UCX's own)"
     )
     t.add_argument(
-        "--nixl-threads", type=int, default=0,
-        help="NIXL UCX worker threads for the agent and the raw engine alike (default: 0, the caller's)",
+        "--nixl-threads", type=integer(0, 64), default=0,
+        help="NIXL UCX worker threads for the agent and the raw engine alike, 0 to 64 (default: 0, the "
+        "caller's)",
     )
     t.add_argument(
         "--no-post-thread", action="store_true",
@@ -64,16 +97,18 @@ def register(subparsers: Any) -> None:
         help="the agents' control frames over ZMQ only (listen.lanes off), as with sglang peers",
     )
     t.add_argument(
-        "--spin-us", type=int, default=0, metavar="US",
-        help="the agents' transfer.spinMicroseconds: poll without sleeping this long after each message",
+        "--spin-us", type=integer(0, 100_000), default=0, metavar="US",
+        help="the agents' transfer.spinMicroseconds: poll without sleeping this long after each message "
+        "(0 to 100,000)",
     )
     t.add_argument(
-        "--coalesce-bytes", type=int, default=None, metavar="N",
-        help="the prefill agent's transfer.coalesceBytes (0: every room its own engine request)",
+        "--coalesce-bytes", type=size(0, 64 << 20), default=None, metavar="N",
+        help="the prefill agent's transfer.coalesceBytes, 0 to 64M (0: every room its own engine request)",
     )
     add_compiled_option(t)
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
-    t.add_argument("--record", metavar="FILE", help="append the results as a dated section to FILE")
+    t.add_argument("--record", type=output_file, metavar="FILE",
+                   help="append the results as a dated section to FILE")
     t.set_defaults(handler=run)
 
 
@@ -87,14 +122,17 @@ def _add_codec(sub: Any) -> None:
     )
     c.add_argument("--json", action="store_true", help="print a JSON list, one object per scenario")
     c.add_argument(
-        "--iterations", type=int, default=2000, help="at most this many calls per timed batch (default: 2000)"
+        "--iterations", type=integer(1, 10_000_000), default=2000,
+        help="at most this many calls per timed batch, 1 to 10,000,000 (default: 2000)",
     )
     c.add_argument(
-        "--rounds", type=int, default=9, help="alternating rounds of one batch per side (default: 9)"
+        "--rounds", type=integer(1, 1000), default=9,
+        help="alternating rounds of one batch per side, 1 to 1000 (default: 9)",
     )
     c.add_argument(
-        "--cpu", type=int, default=None,
-        help="the CPU to pin the benchmark to (default: the highest-numbered one this process may use)",
+        "--cpu", type=integer(0, 65_535), default=None,
+        help="the CPU to pin the benchmark to, one this process may use (default: the highest-numbered "
+        "one it may use)",
     )
     c.add_argument("--no-pin", action="store_true", help="leave the process's CPU affinity as it is")
     c.add_argument("--only", default=None, metavar="TEXT", help="only the scenarios whose name contains TEXT")
@@ -106,6 +144,9 @@ def _codec(args: argparse.Namespace) -> int:
     from ..bench import codec, sglang_ref
 
     cache = args.cache_dir or sglang_ref.DEFAULT_CACHE
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if args.cpu is not None and not args.no_pin and allowed and args.cpu not in allowed:
+        raise BadInput(f"--cpu {args.cpu}: this process may run on CPUs {_ranges(allowed)} only; pick one")
     results = codec.run(
         iterations=args.iterations,
         cache_dir=cache,
@@ -118,10 +159,18 @@ def _codec(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+def _ranges(cpus: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out: list[str] = []
+    start = prev = cpus[0]
+    for c in [*cpus[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return ",".join(out)
 
 
 def _transfer(nixl: Any) -> Any:
@@ -166,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.transfer import run_case
     from ..config import NixlConfig
 
+    require_cases(args)
     compiled = compiled_agents(args.compiled)
     if compiled is None:
         return 2
@@ -175,9 +225,9 @@ def run(args: argparse.Namespace) -> int:
         native_poster=not args.no_native_poster,
     )
     cases = []
-    for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
-        requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
-        cases.append((_label(size), block_config(size, requests, nixl, args.inflight)))
+    for block in args.sizes:
+        requests = max(20, min(args.max_requests, args.case_bytes // (2 * block)))
+        cases.append((_label(block), block_config(block, requests, nixl, args.inflight)))
     if args.mix:
         mix = mix_config(args.mix, min(args.max_requests, 200), nixl, args.inflight)
         cases.append((f"mix:{args.mix}", mix))
@@ -200,6 +250,11 @@ def run(args: argparse.Namespace) -> int:
     if args.record:
         record(Path(args.record), results, " ".join(["pdpair-agent", *sys.argv[1:]]))
     return 0
+
+
+def require_cases(args: argparse.Namespace) -> None:
+    if not args.sizes and not args.mix:
+        raise BadInput("--sizes '' and --mix '': nothing to measure; give block sizes, a profile or both")
 
 
 def add_compiled_option(parser: argparse.ArgumentParser) -> None:

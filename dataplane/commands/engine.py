@@ -17,35 +17,45 @@ import signal
 import threading
 from typing import Any
 
+from ..schema.profiles import profile_names
+from .args import add_log_level, integer, listed, number, one_of, output_file, plain
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "engine",
         help="the synthetic engine as a separate process, speaking the local API to a sidecar agent",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--role", choices=("prefill", "decode"), required=True)
     p.add_argument("--socket", help="the agent's local API socket (default: the config's socketPath)")
     p.add_argument("--config", metavar="FILE", help="the agent's config (YAML or JSON): same schema")
-    p.add_argument("--profile", help="model profile (overrides model.profile)")
-    p.add_argument("--tp-rank", type=int, help="this engine's TP rank (overrides tpRank)")
-    p.add_argument("--requests", type=int, help="stop after this many (default: synthetic.requests)")
-    p.add_argument("--tokens", help="token lengths, cycled, comma-separated (default: synthetic.tokens)")
-    p.add_argument("--inflight", type=int, help="decode: rooms in flight (default: synthetic.maxInflight)")
-    p.add_argument("--room-base", type=int, help="first room id (default: random)")
-    p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: no limit)")
+    profiles = profile_names()
+    p.add_argument("--profile", type=one_of(profiles, "profile"), metavar="PROFILE",
+                   help=f"model profile, one of {', '.join(profiles)} (overrides model.profile)")
+    p.add_argument("--tp-rank", type=integer(0, 1023), help="this engine's TP rank (overrides tpRank)")
+    p.add_argument("--requests", type=integer(0, 1 << 40),
+                   help="stop after this many; 0: until stopped (default: synthetic.requests)")
+    p.add_argument("--tokens", type=listed(integer(0, 1 << 20), "token lengths"),
+                   help="token lengths, cycled, comma-separated (default: synthetic.tokens)")
+    p.add_argument("--inflight", type=integer(1, 4096),
+                   help="decode: rooms in flight (default: synthetic.maxInflight)")
+    p.add_argument("--room-base", type=integer(0, (1 << 63) - 1), help="first room id (default: random)")
+    p.add_argument("--duration", type=number(0, 1e7), default=0.0,
+                   help="stop after this many seconds (0: no limit)")
     p.add_argument("--shm-mode", choices=("fd", "shm"), default="fd", help="memfd passing or named /dev/shm")
-    p.add_argument("--timeout", type=float, default=5.0, help="bound on every local API call (seconds)")
-    p.add_argument("--report", metavar="FILE", help="keep a JSON summary here")
-    p.add_argument("--presend", type=int, default=0, metavar="N",
+    p.add_argument("--timeout", type=number(0.001, 3600), default=5.0,
+                   help="bound on every local API call (seconds)")
+    p.add_argument("--report", type=output_file, metavar="FILE", help="keep a JSON summary here")
+    p.add_argument("--presend", type=integer(0, 4096), default=0, metavar="N",
                    help="prefill: send N rooms ahead (room ids from --room-base, sizes from --tokens)")
     p.add_argument("--huge-pages", choices=("auto", "always", "never"),
                    help="host pools in reserved 2 MiB huge pages (default: localapi.engine.hugePages)")
-    p.add_argument("--poll-us", type=int, default=0, metavar="US",
+    p.add_argument("--poll-us", type=integer(0, 1_000_000), default=0, metavar="US",
                    help="idle, poll the agent without sleeping this long first (a busy scheduler loop)")
     p.add_argument("--no-verify", action="store_true", help="decode: skip byte verification (benchmarks)")
-    p.add_argument("--log-level", default="INFO")
+    add_log_level(p)
     p.set_defaults(handler=run)
 
 
@@ -70,14 +80,14 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("plain", args.log_level)
     cfg = load(args)
     syn = cfg.synthetic
-    tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip()) if args.tokens else syn.tokens
+    tokens = args.tokens or syn.tokens
     engine = SyntheticEngineProcess(
         cfg, args.socket or cfg.localapi.engine.socket_path, shm_mode=args.shm_mode, timeout=args.timeout,
         room_base=args.room_base,
     )
     engine.verify_rooms = not args.no_verify and syn.verify
     engine.presend = args.presend
-    engine.poll_seconds = max(0, args.poll_us) * 1e-6
+    engine.poll_seconds = args.poll_us * 1e-6
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -9,12 +9,19 @@ With a pod name and namespace, handshake outcomes are reported as the pod condit
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from typing import Any
+
+from ..errors import BadInput
+from .args import add_log_level, integer, output_file, plain
+
+BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 LOG_FIELDS = ("name", "levelname", "message")
 
@@ -49,7 +56,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "run",
         help="run one agent (what pods run)",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--role", choices=("prefill", "decode"), required=True)
@@ -57,10 +64,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen-host", help="address every listener binds (overrides listen.host)")
     p.add_argument("--pod-name", help="this pod (identity.podName); enables the pod condition")
     p.add_argument("--namespace", help="this pod's namespace (identity.namespace)")
-    p.add_argument("--tp-rank", type=int, help="this agent's TP rank (overrides tpRank)")
+    p.add_argument("--tp-rank", type=integer(0, 1023), help="this agent's TP rank (overrides tpRank)")
     p.add_argument("--log-format", choices=("plain", "json"), default="plain")
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--ready-file", metavar="FILE", help="write the bound ports here as JSON once up")
+    add_log_level(p)
+    p.add_argument("--ready-file", type=output_file, metavar="FILE",
+                   help="write the bound ports here as JSON once up")
     p.set_defaults(handler=run)
 
 
@@ -92,6 +100,21 @@ def pod_reporter(cfg: Any) -> Any:
     return PodStatusReporter(ident.namespace, ident.pod_name)
 
 
+def cannot_listen(cfg: Any, reason: str) -> str:
+    """A listener could not bind: the address and the ports that were asked for, and the fix."""
+    listen = cfg.listen
+    ports = ", ".join(
+        f"{name} {port}"
+        for name, port in (("bootstrap", listen.bootstrap_port), ("metrics", listen.metrics_port),
+                           ("control", listen.control_port), ("lane", listen.lane_port))
+        if port
+    )
+    return (
+        f"listen.host {listen.host} (--listen-host), ports {ports or 'any'}: cannot listen ({reason}); "
+        "give an address of this host and ports no other process holds (0: any free port)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
     from ..agent import AgentRuntime
@@ -104,7 +127,13 @@ def run(args: argparse.Namespace) -> int:
         from ..localapi.sidecar import serve
 
         return serve(cfg, reporter=pod_reporter(cfg), ready_file=args.ready_file)
-    runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg)).start()
+    try:
+        runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg)).start()
+    except Exception as exc:
+        code = getattr(exc, "errno", None)  # OSError, and zmq.ZMQError which is not one
+        if code not in BIND_ERRNOS:
+            raise
+        raise BadInput(cannot_listen(cfg, os.strerror(code))) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runtime.stop_event.set())
     if args.ready_file:

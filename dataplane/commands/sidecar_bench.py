@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bench import add_compiled_option
+from .args import integer, plain
+from .bench import MAX_INFLIGHT, add_case_options, add_compiled_option
 
 SIZES = "4K,64K,1M,16M"
 
@@ -59,29 +60,27 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sidecar-bench",
         help="the transfer benchmark through the local API vs the in-process engine",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--sizes", default=SIZES, help=f"block sizes (default: {SIZES})")
-    p.add_argument("--mix", default="qwen3-next", help="model profile for the request-mix case ('' = none)")
-    p.add_argument("--case-bytes", type=int, default=8 << 30, help="bytes moved per case and run")
-    p.add_argument("--max-requests", type=int, default=8000, help="cap on requests per case and run")
-    p.add_argument("--inflight", type=int, default=1, help="rooms in flight per decode, both setups")
-    p.add_argument("--repeat", type=int, default=1, help="runs per setup; figures are medians")
+    add_case_options(p, SIZES, 8 << 30, 8000, 1)
+    p.add_argument("--inflight", type=integer(1, MAX_INFLIGHT), default=1,
+                   help="rooms in flight per decode, both setups, 1 to 64 (default: 1)")
     p.add_argument(
-        "--warmup", type=int, default=5, help="first requests of each run left out of the figures (pairing)"
+        "--warmup", type=integer(0, 10_000), default=5,
+        help="first requests of each run left out of the figures (pairing), 0 to 10,000 (default: 5)",
     )
     p.add_argument(
         "--huge-pages", choices=("auto", "always", "never"), default="auto",
         help="the sidecar engines' pools in reserved 2 MiB huge pages (default auto: when the host has them)",
     )
     p.add_argument(
-        "--engine-poll-us", type=int, default=1000, metavar="US",
+        "--engine-poll-us", type=integer(0, 1_000_000), default=1000, metavar="US",
         help="sidecar: idle, the engines poll the agent without sleeping this long first, as a serving "
         "engine's scheduler loop does (default 1000; 0: they block at once)",
     )
     p.add_argument(
-        "--reply-spin-us", type=int, metavar="US",
+        "--reply-spin-us", type=integer(0, 100_000), metavar="US",
         help="sidecar: the agents' localapi.engine.replySpinMicroseconds (default: the config's, 200)",
     )
     add_compiled_option(p)
@@ -90,13 +89,15 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench import block_config, compiled_agents, mix_config, parse_size
+    from .bench import block_config, compiled_agents, mix_config, require_cases
+
+    require_cases(args)
 
     compiled = compiled_agents(args.compiled, "sidecar-bench")
     if compiled is None:
         return 2
     cases = []
-    for size in (parse_size(s) for s in args.sizes.split(",") if s.strip()):
+    for size in args.sizes:
         requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
         label = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
         cases.append((label, block_config(size, requests, inflight=args.inflight)))

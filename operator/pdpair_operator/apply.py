@@ -48,9 +48,11 @@ class StepError:
     message: str
 
 
-def load_api_client(pool_size: int = 32) -> k8s.ApiClient:
-    """An ApiClient for the current kubeconfig, or the in-cluster service account."""
+def load_api_client(pool_size: int = 32, retries: int | None = None) -> k8s.ApiClient:
+    """An ApiClient for the current kubeconfig, or the in-cluster service account; ``retries``:
+    urllib3's per-request retries (None: its default)."""
     configuration = k8s.Configuration()
+    configuration.retries = retries
     try:
         k8s_config.load_incluster_config(client_configuration=configuration)
     except k8s_config.ConfigException:

@@ -1,6 +1,7 @@
 """``pdpair-operator``: run the PDPair operator against the current kubeconfig (or in-cluster config).
 
-A thin wrapper over ``kopf.run``: parses options once, configures logging, imports the handlers (which
+A thin wrapper over ``kopf.run``: parses options once, checks that the API server answers
+(``preflight``: one line and exit 1 when it does not), configures logging, imports the handlers (which
 register themselves with kopf) and hands the options to them through kopf's ``memo``.
 """
 
@@ -13,23 +14,27 @@ from collections.abc import Sequence
 
 import kopf
 
+from dataplane.commands.args import Parser, add_version, integer, number
+
 from .options import Options
+from .preflight import NotConnected, check_api_server
 
 LOG_FORMATS = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="pdpair-operator",
         description="Reconcile PDPair resources (pdpair.io/v1alpha1) into prefill/decode pods, Services and "
                     "agent ConfigMaps. Uses the current kubeconfig, or the in-cluster service account.")
+    add_version(p)
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
                        help="watch only this namespace (repeatable; glob patterns such as 'team-*' allowed)")
     scope.add_argument("-A", "--all-namespaces", action="store_true",
                        help="watch every namespace (the default when no --namespace is given)")
-    p.add_argument("--metrics-port", type=int, default=8080,
-                   help="serve Prometheus metrics on this port (0 disables; default 8080)")
+    p.add_argument("--metrics-port", type=integer(0, 65535), default=8080,
+                   help="serve Prometheus metrics on this port, 0 to 65535 (0 disables; default 8080)")
     p.add_argument("--metrics-address", default="127.0.0.1",
                    help="address the metrics endpoint binds (default 127.0.0.1; use the pod IP in a cluster)")
     p.add_argument("--log-format", choices=sorted(LOG_FORMATS), default="full",
@@ -38,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no peering with other operator instances (kopf peering off)")
     p.add_argument("--liveness", metavar="URL", default=None,
                    help="kopf liveness endpoint, e.g. http://127.0.0.1:8081/healthz")
-    p.add_argument("--concurrency", type=int, default=24, help="API requests in flight (default 24)")
+    p.add_argument("--concurrency", type=integer(1, 1024), default=24,
+                   help="API requests in flight, 1 to 1024 (default 24)")
+    p.add_argument("--connect-timeout", type=number(0.1, 3600), default=30.0, metavar="SECONDS",
+                   help="at start, wait this long for the API server to answer, then exit with the "
+                   "reason (default 30)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p
@@ -46,11 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from(args: argparse.Namespace) -> Options:
     return Options(metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-                   concurrency=max(1, args.concurrency))
+                   concurrency=args.concurrency)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        check_api_server(args.connect_timeout)
+    except NotConnected as exc:
+        print(f"pdpair-operator: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     kopf.configure(verbose=args.verbose, quiet=args.quiet, log_format=LOG_FORMATS[args.log_format])
     if not args.verbose:
         # kopf logs every event handler's success at INFO: one line per pod event at scale.
