@@ -21,8 +21,12 @@ up as ``n`` and the kernel lowers it to the index of the first entry outside its
 min; of a strided entry, its first or last write). Such an entry is skipped, never clamped. Region
 tables: ``[src_off[nl], src_size[nl], dst_off[nr], dst_size[nr]]``, offsets from the two base pointers.
 
-A strided entry is cut into programs of whole writes (``Geometry.per`` each), and a program's lanes
-run over its writes' words together, so slices of a few hundred bytes fill a tile as pages do.
+A strided entry is cut into programs of whole writes, each program about ``Geometry.chunk`` bytes
+(``max(1, chunk // size)`` writes: the kernel works it out per entry, so a batch mixing 512-byte head
+slices with megabyte state blocks gives each its own share). A program copies writes of up to ``COLS``
+words in 2-D tiles, ``TILE // COLS`` writes by ``COLS`` words, ``COLS`` fitted to the batch's typical
+write, so slices of a few hundred bytes fill a tile as pages do and no lane divides to find its write;
+longer writes it copies one after the other, a 1-D tile at a time.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ import numpy as np
 from .base import Writes
 
 MIN_CHUNK = 64 << 10
+STRIDED_CHUNK = 256 << 10
+"""Bytes per program of a strided batch: on the H200 a TP 2 -> 4 Qwen3-Next room (786K head slices of
+512 bytes) ran at 66, 233, 402 and 784 GB/s with 4, 16, 64 and 256 KiB per program (docs/gpu.md)."""
 PROGRAMS = 1024
 """Aim for at least this many programs per launch (an H200 has 132 SMs): a few huge writes are cut
 into chunks of at least ``MIN_CHUNK`` so that they still fill the GPU."""
@@ -44,6 +51,10 @@ MAX_GRID_Y = 65535
 BLOCKS = (256, 512, 1024, 2048, 4096)
 """Tile widths in 8-byte words; 4096 x 16 warps moved 16 x 64 MiB at 93% of a device-to-device
 copy on an H200, and 4-64 KiB pages ran the same at any width (docs/gpu.md)."""
+TILE = 4096
+"""Elements of a strided batch's 2-D tile (``TILE // cols`` writes by ``cols`` words)."""
+COLS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+"""A strided tile's widths in words; the variant is picked by the batch's largest write."""
 
 
 def columns(writes: Writes) -> int:
@@ -80,8 +91,8 @@ class Geometry:
     block: int
     warps: int
     per: int = 0
-    """Writes per program of a strided batch (0: not strided): program ``(i, k)`` copies writes
-    ``[k * per, (k + 1) * per)`` of entry ``i``."""
+    """1 for a strided batch (0: not strided): program ``(i, k)`` copies writes ``[k * p, (k + 1) * p)``
+    of entry ``i``, ``p = max(1, chunk // size[i])``; ``block`` is then the 2-D tile's width."""
 
 
 def geometry(n: int, total: int, largest: int) -> Geometry:
@@ -98,22 +109,23 @@ def geometry(n: int, total: int, largest: int) -> Geometry:
 
 
 def strided_geometry(size: np.ndarray, count: np.ndarray) -> Geometry:
-    """Grid for a strided batch: each program takes ``per`` whole writes of one entry, about
-    ``MIN_CHUNK`` bytes (at least one write; fewer where the entries are too few to fill
-    ``PROGRAMS`` programs), with tiles as wide as a program's words."""
-    n = len(size)
-    largest = max(1, int(size.max()))
+    """Grid for a strided batch: each program takes about ``chunk`` bytes of whole writes of one entry
+    (``STRIDED_CHUNK``, or less where the batch is too small to fill ``PROGRAMS`` programs; more where
+    the grid would pass ``MAX_GRID_Y``), and its 2-D tiles are as wide as the write that most of the
+    batch's writes are (its median by count), rounded up to a power of two."""
+    size = np.maximum(np.asarray(size, np.int64), 1)
+    count = np.maximum(np.asarray(count, np.int64), 1)
     total = max(1, int((size * count).sum()))
-    want = max(largest, min(MIN_CHUNK, -(-total // PROGRAMS)))
-    per = max(1, want // largest)
-    most = max(1, int(count.max()))
-    splits = -(-most // per)
-    if splits > MAX_GRID_Y:
-        per = -(-most // MAX_GRID_Y)
-        splits = -(-most // per)
-    words = max(1, per * largest // 8)
-    block = min(BLOCKS[-1], max(BLOCKS[0], 1 << (words - 1).bit_length()))
-    return Geometry(per * largest, (n, splits), block, 16 if block >= 4096 else 4, per)
+    chunk = max(1, min(STRIDED_CHUNK, -(-total // PROGRAMS)))
+    splits = int((-(-count // np.maximum(1, chunk // size))).max())
+    while splits > MAX_GRID_Y:
+        chunk *= 2
+        splits = int((-(-count // np.maximum(1, chunk // size))).max())
+    order = np.argsort(size, kind="stable")
+    typical = int(size[order][np.searchsorted(np.cumsum(count[order]), (int(count.sum()) + 1) // 2)])
+    words = -(-typical // 8)
+    cols = min(COLS[-1], max(COLS[0], 1 << (words - 1).bit_length()))
+    return Geometry(chunk, (len(size), splits), cols, 16, 1)
 
 
 def replay(
@@ -140,8 +152,9 @@ def replay(
             flag = min(flag, i)
             continue
         if g.per:
+            per = max(1, g.chunk // int(size[i]))
             for k in range(g.grid[1]):
-                for e in range(k * g.per, min(int(count[i]), (k + 1) * g.per)):
+                for e in range(k * per, min(int(count[i]), (k + 1) * per)):
                     s, d, m = int(s_off + lo[i] + e * ls[i]), int(d_off + ro[i] + e * rs[i]), int(size[i])
                     dst[d : d + m] = src[s : s + m]
             continue
@@ -161,7 +174,7 @@ def _kernel() -> Any:
     @triton.jit(do_not_specialize=["n", "nl", "nr", "chunk"])
     def _copy_writes(
         src16, dst16, src1, dst1, regions, table, n: tl.int64, nl: tl.int64, nr: tl.int64, chunk: tl.int64,
-        BLOCK: tl.constexpr, STRIDED: tl.constexpr,
+        BLOCK: tl.constexpr, STRIDED: tl.constexpr, COLS: tl.constexpr,
     ):
         i = tl.program_id(0).to(tl.int64)
         k = tl.program_id(1).to(tl.int64)
@@ -178,7 +191,7 @@ def _kernel() -> Any:
         d_off = tl.load(regions + 2 * nl + b)
         d_size = tl.load(regions + 2 * nl + nr + b)
         ok = ok & (lo <= s_size - size) & (ro <= d_size - size)
-        if STRIDED:  # ``chunk`` is writes per program; lanes run over the words of all of them
+        if STRIDED:  # ``chunk``: bytes per program, in whole writes of this entry
             count = tl.load(table + 1 + 5 * n + i)
             ls = tl.load(table + 1 + 6 * n + i)
             rs = tl.load(table + 1 + 7 * n + i)
@@ -188,30 +201,48 @@ def _kernel() -> Any:
             ok = ok & (last_lo <= s_size - size) & (last_ro <= d_size - size)
             if (k == 0) & (ok.to(tl.int32) == 0):
                 tl.atomic_min(table, i)
-            first = k * chunk
-            writes = tl.maximum(tl.where(ok, tl.minimum(chunk, count - first), 0), 0)
+            one = tl.where(ok, size, 1)
+            per = tl.maximum(chunk // one, 1)
+            first = k * per
+            writes = tl.maximum(tl.where(ok, tl.minimum(per, count - first), 0), 0)
             s = s_off + lo + first * ls
             d = d_off + ro + first * rs
-            one = tl.where(ok, size, 1)
             wide = (((s | d | one | ls | rs) & 7) == 0).to(tl.int64)
-            unit = 1 + 7 * wide
-            per = one // unit
-            total = writes * per
-            if wide == 1:
-                for j in range(0, tl.cdiv(total, BLOCK)):
-                    offs = j * BLOCK + tl.arange(0, BLOCK)
-                    mask = offs < total
-                    e = offs // per
-                    w = offs - e * per
-                    sp = src16 + (s >> 3) + e * (ls >> 3) + w
-                    tl.store(dst16 + (d >> 3) + e * (rs >> 3) + w, tl.load(sp, mask=mask), mask=mask)
-            else:
-                for j in range(0, tl.cdiv(total, BLOCK)):
-                    offs = j * BLOCK + tl.arange(0, BLOCK)
-                    mask = offs < total
-                    e = offs // per
-                    w = offs - e * per
-                    tl.store(dst1 + d + e * rs + w, tl.load(src1 + s + e * ls + w, mask=mask), mask=mask)
+            unit = 1 + 7 * wide  # 8-byte words where everything is 8-byte aligned, else bytes
+            length = one // unit
+            s_u = s // unit
+            d_u = d // unit
+            ls_u = ls // unit
+            rs_u = rs // unit
+            pairs = (((s | d | one | ls | rs) & 15) == 0).to(tl.int64)
+            if length <= COLS:  # 2-D tiles: BLOCK // COLS writes by COLS units
+                rows = tl.arange(0, BLOCK // COLS)[:, None]
+                w = tl.arange(0, COLS)[None, :]
+                for j in range(0, tl.cdiv(writes, BLOCK // COLS)):
+                    e = j * (BLOCK // COLS) + rows
+                    mask = (e < writes) & (w < length)
+                    if pairs == 1:  # 16-byte aligned: "* 2" lets Triton emit 16-byte accesses
+                        sv = ((s >> 4) + e * (ls >> 4)) * 2 + w
+                        dv = ((d >> 4) + e * (rs >> 4)) * 2 + w
+                        tl.store(dst16 + dv, tl.load(src16 + sv, mask=mask), mask=mask)
+                    elif wide == 1:
+                        v = tl.load(src16 + s_u + e * ls_u + w, mask=mask)
+                        tl.store(dst16 + d_u + e * rs_u + w, v, mask=mask)
+                    else:
+                        v1 = tl.load(src1 + s_u + e * ls_u + w, mask=mask)
+                        tl.store(dst1 + d_u + e * rs_u + w, v1, mask=mask)
+            else:  # long writes, one after the other, a 1-D tile at a time
+                flat = tl.arange(0, BLOCK)
+                for e in range(0, writes):
+                    for c in range(0, tl.cdiv(length, BLOCK)):
+                        w1 = c * BLOCK + flat
+                        mask1 = w1 < length
+                        if wide == 1:
+                            v = tl.load(src16 + s_u + e * ls_u + w1, mask=mask1)
+                            tl.store(dst16 + d_u + e * rs_u + w1, v, mask=mask1)
+                        else:
+                            v1 = tl.load(src1 + s_u + e * ls_u + w1, mask=mask1)
+                            tl.store(dst1 + d_u + e * rs_u + w1, v1, mask=mask1)
         else:
             if (k == 0) & (ok.to(tl.int32) == 0):
                 tl.atomic_min(table, i)
@@ -247,12 +278,15 @@ class CopyKernel:
         data = words.view(torch.uint8)
         self._compiled: dict[tuple[int, bool], Any] = {}
         for block in BLOCKS:
-            warps = 16 if block >= 4096 else 4
-            for strided in (False, True):
-                self._compiled[block, strided] = kernel.warmup(
-                    words, words, data, data, words, words, 1, 1, 1, 1, BLOCK=block, STRIDED=strided,
-                    num_warps=warps, grid=(1,),
-                )
+            self._compiled[block, False] = kernel.warmup(
+                words, words, data, data, words, words, 1, 1, 1, 1, BLOCK=block, STRIDED=False, COLS=1,
+                num_warps=16 if block >= 4096 else 4, grid=(1,),
+            )
+        for cols in COLS:
+            self._compiled[cols, True] = kernel.warmup(
+                words, words, data, data, words, words, 1, 1, 1, 1, BLOCK=TILE, STRIDED=True, COLS=cols,
+                num_warps=16, grid=(1,),
+            )
 
     def launch(
         self, g: Geometry, stream: int, bases: tuple[int, int], regions: int, table: int, n: int, nl: int,
@@ -265,13 +299,14 @@ class CopyKernel:
         src, dst = bases
         strided = g.per > 0
         self._compiled[g.block, strided][(g.grid[0], g.grid[1], 1)](
-            src, dst, src, dst, regions, table, n, nl, nr, g.per if strided else g.chunk, g.block, strided,
-            stream=stream,
+            src, dst, src, dst, regions, table, n, nl, nr, g.chunk,
+            TILE if strided else g.block, strided, g.block if strided else 1, stream=stream,
         )
 
 
 __all__ = [
     "BLOCKS",
+    "COLS",
     "CopyKernel",
     "Geometry",
     "columns",

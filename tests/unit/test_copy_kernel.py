@@ -18,6 +18,7 @@ from dataplane.transports.copy_kernel import (
     BLOCKS,
     MIN_CHUNK,
     PROGRAMS,
+    STRIDED_CHUNK,
     geometry,
     pack,
     region_table,
@@ -211,8 +212,13 @@ def test_a_strided_batch_packs_three_more_columns_and_cuts_entries_into_whole_wr
                np.array([512]), np.array([[1000], [1024], [2048]]))
     assert pack(w).tolist() == [1, 0, 8, 1, 16, 512, 1000, 1024, 2048]
     few = strided_geometry(w.size, w.repeat[0])  # type: ignore[index]
-    assert few.per == 1 and few.grid == (1, 1000) and few.block == BLOCKS[0]  # 1000 programs: fill the GPU
+    assert few.per == 1 and few.chunk <= 512 and few.grid == (1, 1000)  # one write a program: 1000 programs
+    assert few.block == 64  # a tile row per 512-byte write
     many = strided_geometry(np.array([512, 256]), np.array([1_000_000, 10]))
-    assert many.per == MIN_CHUNK // 512 and many.grid == (2, -(-1_000_000 // many.per))
-    assert many.block == BLOCKS[-1] and many.warps == 16
+    assert many.chunk == STRIDED_CHUNK and many.grid == (2, -(-1_000_000 // (STRIDED_CHUNK // 512)))
+    assert many.block == 64 and many.warps == 16
+    mixed = strided_geometry(np.array([512, 1 << 20]), np.array([4096, 1]))
+    assert mixed.block == 64  # fitted to the head slices; the state block is copied as a long write
+    assert mixed.grid == (2, -(-4096 // (mixed.chunk // 512)))
+    assert mixed.chunk < STRIDED_CHUNK  # a small batch: smaller programs, to fill the GPU
     assert w.expanded().count == w.count == 1000 and w.nbytes == 512 * 1000
