@@ -44,7 +44,7 @@ def quantity_bytes(text: str) -> int:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**30:.2f} GiB = {n} bytes"
 
 
 def _pool_memory(spec: PDPairSpec, role: Role) -> tuple[str, list[str]]:

@@ -154,7 +154,7 @@ def test_specs_asking_for_the_impossible_are_refused_by_the_crd(cluster: Cluster
 
 def test_a_spec_whose_pools_exceed_the_memory_gets_invalid_spec_and_no_pods(cluster: Cluster,
                                                                              ns: str) -> None:
-    big = {"name": "meta-llama/Llama-3.1-8B-Instruct", "profile": "pure-kv", "poolPages": 1 << 20}
+    big = {"name": "meta-llama/Llama-3.1-8B-Instruct", "profile": "pure-kv", "poolPages": 1 << 16}
     small = {"replicas": 1, "resources": {"gpus": 0, "memory": "64Mi"}}
     apply(cluster, ns, pdpair_yaml("huge", 1, 1, model=big, prefill=small, decode=small))
 
@@ -169,7 +169,7 @@ def test_a_spec_whose_pools_exceed_the_memory_gets_invalid_spec_and_no_pods(clus
     events = get(cluster, "events", ns, "--field-selector", "involvedObject.name=huge")["items"]
     assert any(e["reason"] == "InvalidSpecTrue" and e["type"] == "Warning" for e in events)
 
-    roomy = {"replicas": 1, "resources": {"gpus": 0, "memory": "64Gi"}}
+    roomy = {"replicas": 1, "resources": {"gpus": 0, "memory": "32Gi"}}
     apply(cluster, ns, pdpair_yaml("huge", 1, 1, model=big, prefill=roomy, decode=roomy))
     wait_for("2 pods once the spec fits", lambda: live_pods(cluster, ns, "huge", 2), timeout=90)
     assert condition(pdpair(cluster, ns, "huge"), "InvalidSpec")["status"] == "False"

@@ -132,7 +132,8 @@ def test_operator_deployment_is_single_standalone_and_non_root() -> None:
     (container,) = pod["containers"]
     assert container["args"] == ["--namespace=pdpair-system", "--standalone", "--metrics-port=8080",
                                  "--metrics-address=$(POD_IP)", "--liveness=http://$(POD_IP):8081/healthz",
-                                 "--log-format=json"]
+                                 "--log-format=json", '--metrics-scraper={"namespaceSelector":{},'
+                                 '"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}}']
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     (svc,) = find(template(), "Service")
     assert svc["spec"]["selector"] == spec["selector"]["matchLabels"]

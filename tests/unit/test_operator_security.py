@@ -189,10 +189,11 @@ BIG_MODEL = {"name": "m", "profile": "qwen3-next", "poolPages": 1 << 20}
 
 @pytest.mark.parametrize(("spec", "reason", "words"), [
     ({"model": BIG_MODEL, "prefill": {"replicas": 1, "resources": {"memory": "1Gi"}}},
-     "PoolsExceedMemory", ["prefill", "more than prefill.resources.memory (1.00 GiB)", "model.poolPages"]),
+     "PoolsExceedMemory",
+     ["prefill", "more than prefill.resources.memory (1.00 GiB = 1073741824 bytes)", "model.poolPages"]),
     ({"model": BIG_MODEL,
       "engine": {"mode": "sidecar", "resources": {"memory": "512Mi", "hugePages": "512Mi"}}},
-     "PoolsExceedMemory", ["engine.resources.memory + hugePages (1.00 GiB)"]),
+     "PoolsExceedMemory", ["engine.resources.memory + hugePages (1.00 GiB = 1073741824 bytes)"]),
     ({"prefill": {"replicas": 1, "resources": {"memory": "lots"}}}, "BadQuantity", ["'lots'", "64Gi"]),
     ({"model": {"name": "m", "kvItemLen": 64, "kvLayers": 2, "components": [
         {"name": "c", "stateType": "swa", "itemLens": [4, 4], "numItems": 8, "layerIds": [1]}]}},
