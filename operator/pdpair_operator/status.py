@@ -47,7 +47,7 @@ def refusal_counts(message: str) -> dict[str, int]:
     counts = dict.fromkeys(REFUSAL_REASONS, 0)
     for token in message.split(maxsplit=2 * len(REFUSAL_REASONS))[: 2 * len(REFUSAL_REASONS)]:
         name, _, value = token.partition("=")
-        if name in counts and value.isdigit() and len(value) <= _MAX_COUNT_DIGITS:
+        if name in counts and value.isascii() and value.isdigit() and len(value) <= _MAX_COUNT_DIGITS:
             counts[name] = int(value)
     return counts
 
@@ -71,8 +71,9 @@ def refusals_condition(pods: Sequence[PodView]) -> Cond:
     if not reporting:
         return Cond("PeersRefused", "False", "None", summary)
     top = max(REFUSAL_REASONS, key=lambda reason: totals[reason])
+    reason = _camel(top) if totals[top] else "Unknown"
     shown = ", ".join(reporting[:3]) + (f" and {len(reporting) - 3} more" if len(reporting) > 3 else "")
-    return Cond("PeersRefused", "True", _camel(top), f"{summary} (reported by {shown})")
+    return Cond("PeersRefused", "True", reason, f"{summary} (reported by {shown})")
 
 
 def transfer_condition(pods: Sequence[PodView], desired: dict[Role, int]) -> Cond:

@@ -14,7 +14,7 @@ from pdpair_operator import cli, naming, render
 from pdpair_operator.observe import PodCondition, PodView, pod_from_body
 from pdpair_operator.planner import DEFAULT_SCRAPER, Observed, plan
 from pdpair_operator.spec import generation_hash, parse_spec
-from pdpair_operator.status import refusal_counts, refusals_condition
+from pdpair_operator.status import REFUSAL_REASONS, refusal_counts, refusals_condition
 from pdpair_operator.validate import BadQuantity, quantity_bytes
 
 from dataplane.config import parse_config
@@ -252,8 +252,8 @@ def _pod(name: str, message: str | None, status: str = "True", deleting: bool = 
 def test_refusal_counts_read_the_agents_message_and_nothing_else() -> None:
     assert refusal_counts("unauthenticated=1 bad_mac=22 replay=0 foreign_pdpair=4") == {
         "unauthenticated": 1, "bad_mac": 22, "replay": 0, "foreign_pdpair": 4}
-    assert refusal_counts("bad_mac=-3 replay=1e9 junk=5 unauthenticated=" + "9" * 40) == dict.fromkeys(
-        ("unauthenticated", "bad_mac", "replay", "foreign_pdpair"), 0)
+    hostile = "bad_mac=-3 replay=1e9 foreign_pdpair=\u00b2 unauthenticated=" + "9" * 40
+    assert refusal_counts(hostile) == dict.fromkeys(REFUSAL_REASONS, 0)
 
 
 @pytest.mark.parametrize(("pods", "status", "reason", "summary"), [
@@ -269,6 +269,7 @@ def test_refusal_counts_read_the_agents_message_and_nothing_else() -> None:
      "False", "None", ""),
     ([_pod("a", "unauthenticated=0 bad_mac=0 replay=0 foreign_pdpair=9")], "True", "ForeignPdpair", ""),
     ([_pod("a", "unauthenticated=0 bad_mac=0 replay=4 foreign_pdpair=0")], "True", "Replay", ""),
+    ([_pod("a", "garbage")], "True", "Unknown", "unauthenticated=0 bad_mac=0 replay=0 foreign_pdpair=0"),
 ])
 def test_peers_refused_sums_the_agents_reports(pods: list[PodView], status: str, reason: str,
                                                summary: str) -> None:
