@@ -1,6 +1,6 @@
 """``pdpair-agent run``: what a pod runs — one agent of one role and rank, until SIGTERM.
 
-The operator renders ``pdpair-agent run --role <role> --config /etc/pdpair/agent.yaml --listen-host
+The operator renders ``pdpair-agent run --role <role> --config /etc/pdpair/config/agent.yaml --listen-host
 $(POD_IP) --pod-name $(POD_NAME) --namespace $(POD_NAMESPACE)``; flags override the file's fields.
 With a pod name and namespace, handshake outcomes are reported as the pod condition
 ``pdpair.io/TransferReady``.

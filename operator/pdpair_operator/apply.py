@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 PATHS = {"Pod": "/api/v1/namespaces/{ns}/pods", "Service": "/api/v1/namespaces/{ns}/services",
          "ConfigMap": "/api/v1/namespaces/{ns}/configmaps", "Event": "/api/v1/namespaces/{ns}/events",
+         "Secret": "/api/v1/namespaces/{ns}/secrets",
+         "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
          "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"}
 REQUEST_TIMEOUT_SECONDS = 30.0
 
@@ -148,7 +150,8 @@ class Executor:
             try:
                 await self._call("POST", object_path(owner.namespace, manifest["kind"]), manifest)
             except KubeError as exc:
-                if exc.status == 404 and manifest["apiVersion"] != "v1" and "page not found" in str(exc):
+                if (exc.status == 404 and manifest["kind"] == "ResourceClaimTemplate"
+                        and "page not found" in str(exc)):
                     raise KubeError(404, f"the API server does not serve {manifest['apiVersion']} "
                                     f"{manifest['kind']}s: gpuAllocation 'dra' needs resource.k8s.io/v1 "
                                     "(Kubernetes 1.34 or later)") from exc

@@ -8,9 +8,11 @@ register themselves with kopf) and hands the options to them through kopf's ``me
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import kopf
 
@@ -48,14 +50,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=number(0.1, 3600), default=30.0, metavar="SECONDS",
                    help="at start, wait this long for the API server to answer, then exit with the "
                    "reason (default 30)")
+    p.add_argument("--metrics-scraper", metavar="JSON", type=_scraper, default=None,
+                   help="a NetworkPolicyPeer (JSON: namespaceSelector and/or podSelector) that each "
+                        "PDPair's NetworkPolicy admits to the agents' metrics port (default: pods labelled "
+                        "app.kubernetes.io/name=prometheus in any namespace)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p
 
 
+SCRAPER_KEYS = frozenset({"namespaceSelector", "podSelector"})
+
+
+def _scraper(text: str) -> dict[str, Any]:
+    """``--metrics-scraper``: a JSON object with namespaceSelector and/or podSelector (label selectors)."""
+    try:
+        peer = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not JSON: {text!r}; give a NetworkPolicyPeer such as "
+            '{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}') from None
+    if (not isinstance(peer, dict) or not peer or not set(peer) <= SCRAPER_KEYS
+            or not all(isinstance(v, dict) for v in peer.values())):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a JSON object with namespaceSelector and/or podSelector (label selectors)")
+    return peer
+
+
 def options_from(args: argparse.Namespace) -> Options:
     return Options(metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-                   concurrency=args.concurrency)
+                   concurrency=args.concurrency, metrics_scraper=args.metrics_scraper)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,7 +59,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         metrics.serve(options.metrics_port, options.metrics_address)
     kube = Kube(load_api_client(pool_size=options.concurrency + 4))
     executor = Executor(kube, concurrency=options.concurrency)
-    memo["reconciler"] = Reconciler(executor, metrics, debounce=options.debounce)
+    memo["reconciler"] = Reconciler(executor, metrics, debounce=options.debounce,
+                                    scraper=options.metrics_scraper)
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -96,12 +97,26 @@ def pdpair_claim_templates(namespace: str | None, labels: kopf.Labels, body: kop
     return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("ResourceClaimTemplate", body)}
 
 
+@kopf.index("v1", "secrets", labels=CHILD_LABELS)
+def pdpair_secrets(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                   **_: Any) -> dict[Key, ChildView]:
+    """The pairing Secrets, by name only: the index never keeps a key."""
+    return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("Secret", body)}
+
+
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=CHILD_LABELS)
+def pdpair_network_policies(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                            **_: Any) -> dict[Key, ChildView]:
+    return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("NetworkPolicy", body)}
+
+
 def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
     rec: Reconciler = memo["reconciler"]
     idx = rec.indices
     idx.owners, idx.pods = kwargs["pdpair_owners"], kwargs["pdpair_pods"]
     idx.services, idx.configmaps = kwargs["pdpair_services"], kwargs["pdpair_configmaps"]
     idx.claim_templates = kwargs["pdpair_claim_templates"]
+    idx.secrets, idx.network_policies = kwargs["pdpair_secrets"], kwargs["pdpair_network_policies"]
     return rec
 
 
@@ -114,5 +129,7 @@ async def pdpair_changed(namespace: str | None, name: str, memo: kopf.Memo, **kw
 @kopf.on.event("v1", "services", labels=CHILD_LABELS)
 @kopf.on.event("v1", "configmaps", labels=CHILD_LABELS)
 @kopf.on.event("resource.k8s.io", "v1", "resourceclaimtemplates", labels=CHILD_LABELS)
+@kopf.on.event("v1", "secrets", labels=CHILD_LABELS)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILD_LABELS)
 async def child_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     _reconciler(memo, kwargs).kick((namespace or "", labels[naming.LABEL_NAME]))

@@ -14,7 +14,7 @@ LABEL_ROLE = f"{PREFIX}/role"
 LABEL_INDEX = f"{PREFIX}/index"
 LABEL_GENERATION = f"{PREFIX}/generation"
 LABEL_KIND = f"{PREFIX}/child"
-"""What the child is: pod, bootstrap, headless, metrics, config, gpus."""
+"""What the child is: pod, bootstrap, headless, metrics, config, gpus, pairing, isolation."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "pdpair-operator"
 ANNOTATION_RENDER_HASH = f"{PREFIX}/render-hash"
@@ -22,10 +22,17 @@ ANNOTATION_RESTARTS = f"{PREFIX}/restart-count"
 ANNOTATION_LAST_FAILURE = f"{PREFIX}/last-failure"
 TRANSFER_READY = f"{PREFIX}/TransferReady"
 """Pod condition type the agent reports and the readiness gate waits on."""
+PEER_REFUSALS = f"{PREFIX}/PeerRefusals"
+"""Pod condition type the agent reports once it refused a peer (counts by reason in its message)."""
 GPU_CLAIM = "gpus"
 """The pod's ResourceClaim entry (``spec.resourceClaims[].name``) its containers reference."""
-CONFIG_DIR = "/etc/pdpair"
+CONFIG_DIR = "/etc/pdpair/config"
 CONFIG_FILE = "agent.yaml"
+PAIRING_DIR = "/etc/pdpair/pairing"
+"""The pairing Secret's mount, beside (not inside) the read-only config mount: a mount point inside a
+read-only volume cannot be created."""
+PAIRING_KEY = "key"
+"""The Secret's data key, and the file name under ``PAIRING_DIR``."""
 ROLE_SHORT = {"prefill": "p", "decode": "d"}
 
 
@@ -47,6 +54,15 @@ def metrics_service(owner: str) -> str:
 
 def config_map(owner: str, generation: str) -> str:
     return f"{owner}-agent-{generation}"
+
+
+def pairing_secret(owner: str) -> str:
+    """One per PDPair, for every generation: agents of two generations never pair anyway."""
+    return f"{owner}-pairing"
+
+
+def network_policy(owner: str) -> str:
+    return f"{owner}-isolation"
 
 
 def gpu_claim_template(owner: str, generation: str, role: Role) -> str:

@@ -33,6 +33,8 @@ class PodView(msgspec.Struct, frozen=True):
     """The pod's Ready condition (kubelet / kwok)."""
     transfer: PodCondition | None = None
     """The agent's ``pdpair.io/TransferReady`` report, if any."""
+    refusals: PodCondition | None = None
+    """The agent's ``pdpair.io/PeerRefusals`` report, if any."""
     finished_at: str = ""
     failure: str = ""
     """Crash context of a failed pod: container reason, exit code, message."""
@@ -125,6 +127,7 @@ def pod_from_body(body: Any) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         ready=ready is not None and ready.status == "True",
         transfer=_agent_report(conditions),
+        refusals=_condition(conditions, naming.PEER_REFUSALS),
         finished_at=finished_at,
         failure=failure,
         restarts=int(annotations.get(naming.ANNOTATION_RESTARTS, "0")),

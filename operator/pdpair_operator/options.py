@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -15,3 +17,6 @@ class Options(msgspec.Struct, frozen=True):
     """Seconds a kicked PDPair waits so a burst of child events costs one reconcile pass."""
     batch_window: float = 0.05
     """kopf's per-object event batching window."""
+    metrics_scraper: dict[str, Any] | None = None
+    """The NetworkPolicyPeer each PDPair's NetworkPolicy admits to the agents' metrics port; None: pods
+    labelled ``app.kubernetes.io/name: prometheus`` in any namespace."""

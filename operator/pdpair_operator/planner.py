@@ -17,6 +17,11 @@ Steps, in order:
 4. **Status** recomputed from the pods (``status.py``); written only when it changed; Events for
    condition flips, rollout start and completion, and failures.
 
+Before all of these, a spec no agent could serve (``validate.py``) gets the ``InvalidSpec`` condition
+and nothing else: no pod, no child, and an older generation's pods keep serving. The PDPair's pairing
+Secret is created once, when absent, with a key from ``new_key``; a present one is never rewritten.
+Its NetworkPolicy is created, patched to the spec, or deleted when ``security.networkPolicy`` is off.
+
 Names are deterministic, so replaying a plan against a stale view is harmless: a repeated create
 answers 409, a repeated delete 404 (deletes carry a UID precondition so a replacement is never hit).
 """
@@ -24,13 +29,15 @@ answers 409, a repeated delete 404 (deletes carry a UID precondition so a replac
 from __future__ import annotations
 
 import math
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
-from . import naming, render
+from . import naming, render, validate
 from .observe import ChildView, Owner, PodView
 from .spec import ROLES, Role, generation_hash
 from .status import RolloutFacts, build_status, condition, transition_events
@@ -39,6 +46,13 @@ BACKOFF_BASE_SECONDS = 5.0
 BACKOFF_CAP_SECONDS = 300.0
 FAILURE_MEMORY_SECONDS = 600.0
 """A slot serving this long after its last failure starts its backoff afresh."""
+DEFAULT_SCRAPER: dict[str, Any] = {
+    "namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+"""Who may reach the agents' metrics port (a NetworkPolicyPeer): Prometheus pods in any namespace."""
+
+
+def new_pairing_key() -> bytes:
+    return secrets.token_bytes(render.PAIRING_KEY_BYTES)
 
 
 @dataclass(frozen=True)
@@ -127,9 +141,16 @@ def backoff_seconds(count: int) -> float:
     return min(BACKOFF_BASE_SECONDS * 2 ** max(count - 1, 0), BACKOFF_CAP_SECONDS)
 
 
-def plan(owner: Owner, observed: Observed, now: datetime) -> Plan:
+def plan(owner: Owner, observed: Observed, now: datetime, *, scraper: dict[str, Any] | None = None,
+         new_key: Callable[[], bytes] = new_pairing_key) -> Plan:
+    """``scraper``: the NetworkPolicyPeer admitted to the metrics port (default ``DEFAULT_SCRAPER``);
+    ``new_key``: the pairing key's source, called only when the PDPair has no Secret yet."""
     gen = generation_hash(owner.spec)
+    invalid = validate.invalid_reason(owner, gen)
+    if invalid is not None:
+        return _invalid_plan(owner, gen, observed, invalid, now)
     work = _Work()
+    _plan_security(owner, observed, scraper if scraper is not None else DEFAULT_SCRAPER, new_key, work)
     failures = _record_failures(owner, gen, observed.pods, now, work)
     old_pods = _plan_pods(owner, gen, observed.pods, failures, now, work)
     _plan_children(owner, gen, observed, work)
@@ -143,6 +164,37 @@ def plan(owner: Owner, observed: Observed, now: datetime) -> Plan:
         status=None if status == owner.status else status, events=tuple(events),
         requeue_after=min(work.requeue) if work.requeue else None, generation=gen,
     )
+
+
+def _invalid_plan(owner: Owner, gen: str, observed: Observed, invalid: tuple[str, str],
+                  now: datetime) -> Plan:
+    """The spec cannot be served: report why, create and delete nothing."""
+    old_pods = sum(1 for p in observed.pods if p.generation != gen)
+    facts = RolloutFacts(old_pods=old_pods, invalid=invalid)
+    failures = list(owner.status.get("failures") or [])
+    status = build_status(owner, gen, observed.pods, facts, failures, rfc3339(now))
+    events = _status_events(owner.status, status, gen)
+    return Plan(status=None if status == owner.status else status, events=tuple(events), generation=gen)
+
+
+def _plan_security(owner: Owner, observed: Observed, scraper: dict[str, Any],
+                   new_key: Callable[[], bytes], work: _Work) -> None:
+    """The pairing Secret (created when absent, never rewritten) and the NetworkPolicy."""
+    seen = {(c.kind, c.name): c for c in observed.children}
+    if ("Secret", naming.pairing_secret(owner.name)) not in seen:
+        work.creates.append(render.build_pairing_secret(owner, new_key()))
+    have = seen.get(("NetworkPolicy", naming.network_policy(owner.name)))
+    if not owner.spec.security.network_policy:
+        if have is not None and not have.deleting:
+            work.deletes.append(Delete("NetworkPolicy", have.name))
+        return
+    manifest = render.build_network_policy(owner, scraper)
+    if have is None:
+        work.creates.append(manifest)
+    elif not have.deleting and have.render_hash != manifest["metadata"]["annotations"][
+            naming.ANNOTATION_RENDER_HASH]:
+        body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+        work.patches.append(Patch("NetworkPolicy", have.name, body))
 
 
 def _record_failures(owner: Owner, gen: str, pods: tuple[PodView, ...], now: datetime,

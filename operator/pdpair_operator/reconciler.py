@@ -37,20 +37,26 @@ class Indices:
         self.services: Mapping[Key, Iterable[ChildView]] = {}
         self.configmaps: Mapping[Key, Iterable[ChildView]] = {}
         self.claim_templates: Mapping[Key, Iterable[ChildView]] = {}
+        self.secrets: Mapping[Key, Iterable[ChildView]] = {}
+        self.network_policies: Mapping[Key, Iterable[ChildView]] = {}
 
     def owner(self, key: Key) -> Owner | None:
         return next(iter(self.owners.get(key, ())), None)
 
     def observed(self, key: Key) -> Observed:
         children = (*self.services.get(key, ()), *self.configmaps.get(key, ()),
-                    *self.claim_templates.get(key, ()))
+                    *self.claim_templates.get(key, ()), *self.secrets.get(key, ()),
+                    *self.network_policies.get(key, ()))
         return Observed(pods=tuple(self.pods.get(key, ())), children=tuple(children))
 
 
 class Reconciler:
     def __init__(self, executor: Executor, metrics: OperatorMetrics, *, debounce: float = 0.05,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 scraper: dict[str, Any] | None = None) -> None:
         self.indices = Indices()
+        self.scraper = scraper
+        """The NetworkPolicyPeer admitted to the agents' metrics port (None: the planner's default)."""
         self.executor = executor
         self.metrics = metrics
         self.debounce = debounce
@@ -126,7 +132,7 @@ class Reconciler:
         if written is not None and written[0] == owner.uid:
             owner = msgspec.structs.replace(owner, status=written[1])
         now = self.clock()
-        step = plan(owner, self.indices.observed(key), now)
+        step = plan(owner, self.indices.observed(key), now, scraper=self.scraper)
         for action, count in (("create", len(step.creates)), ("delete", len(step.deletes)),
                               ("patch", len(step.patches))):
             if count:

@@ -8,6 +8,7 @@ a new generation (see ``spec.generation_hash``).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from typing import Any
@@ -46,6 +47,43 @@ def bootstrap_host(owner: Owner, generation: str) -> str:
     return naming.service_dns(naming.bootstrap_service(owner.name, generation), owner.namespace)
 
 
+PAIRING_KEY_BYTES = 32
+PAIRING_KEY_FILE = f"{naming.PAIRING_DIR}/{naming.PAIRING_KEY}"
+
+
+def build_pairing_secret(owner: Owner, key: bytes) -> dict[str, Any]:
+    """The PDPair's pairing key, made once: agents prove they hold it, so a pod of another PDPair (or
+    anything else on the pod network) cannot pair. Immutable: a changed key would split running pods
+    from new ones; deleting the Secret makes a new key, which pods created afterwards mount."""
+    return _finish(owner, {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+        "metadata": {"name": naming.pairing_secret(owner.name),
+                     "labels": {**naming.owner_labels(owner.name), naming.LABEL_KIND: "pairing"}},
+        "data": {naming.PAIRING_KEY: base64.b64encode(key).decode()},
+    })
+
+
+def build_network_policy(owner: Owner, scraper: dict[str, Any]) -> dict[str, Any]:
+    """Default-deny ingress for the PDPair's pods: its own pods reach the bootstrap, control, lane and
+    transfer ports, ``scraper`` (a NetworkPolicyPeer) the metrics port, nothing else reaches anything.
+    Egress is left open (the agents reach their peers, DNS and the API server)."""
+    ports = owner.spec.ports
+    peers = [{"podSelector": {"matchLabels": naming.pod_selector(owner.name)}}]
+    tcp = [{"protocol": "TCP", "port": p} for p in (ports.bootstrap, ports.control, ports.lane)]
+    tcp.append({"protocol": "TCP", "port": ports.transfer.first, "endPort": ports.transfer.last})
+    return _finish(owner, {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": naming.network_policy(owner.name),
+                     "labels": {**naming.owner_labels(owner.name), naming.LABEL_KIND: "isolation"}},
+        "spec": {
+            "podSelector": {"matchLabels": naming.pod_selector(owner.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": tcp},
+                        {"from": [scraper], "ports": [{"protocol": "TCP", "port": ports.metrics}]}],
+        },
+    })
+
+
 def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.AgentConfig:
     """The agent's settings for one role of one generation (listen host and pod name come from flags)."""
     spec, ac = owner.spec, agent_config
@@ -70,7 +108,8 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
             mori=spec.transfer.mori,
             nixl=spec.transfer.nixl,
         ),
-        listen=ac.ListenConfig(bootstrap_port=spec.ports.bootstrap, metrics_port=spec.ports.metrics),
+        listen=ac.ListenConfig(bootstrap_port=spec.ports.bootstrap, metrics_port=spec.ports.metrics,
+                               control_port=spec.ports.control, lane_port=spec.ports.lane),
         peer=ac.PeerConfig(
             bootstrap_host=bootstrap_host(owner, generation),
             bootstrap_port=spec.ports.bootstrap,
@@ -79,6 +118,8 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
         localapi=ac.LocalApiConfig(engine=ac.EngineConfig(
             mode="external" if spec.engine.sidecar else "synthetic", socket_path=LOCALAPI_SOCKET,
             reply_spin_microseconds=spec.engine.reply_spin_microseconds)),
+        auth=ac.AuthConfig(key_file=PAIRING_KEY_FILE,
+                           allow_plain_peers=spec.security.allow_plain_sglang_peers),
     )
 
 
@@ -157,6 +198,9 @@ def _env(spec: PDPairSpec, role: Role) -> list[dict[str, Any]]:
         {"name": "POD_NAME", "valueFrom": field("metadata.name")},
         {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
     ]
+    if spec.transfer.backend == "nixl":
+        transfer = spec.ports.transfer
+        env.append({"name": "UCX_TCP_PORT_RANGE", "value": f"{transfer.first}-{transfer.last}"})
     for var in spec.role(role).env:
         entry: dict[str, Any] = {"name": var.name}
         if var.value_from is not None:
@@ -256,11 +300,14 @@ def _container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
         "command": agent_command(role),
         "env": _env(spec, role),
         "ports": [{"name": "bootstrap", "containerPort": ports.bootstrap, "protocol": "TCP"},
-                  {"name": "metrics", "containerPort": ports.metrics, "protocol": "TCP"}],
+                  {"name": "metrics", "containerPort": ports.metrics, "protocol": "TCP"},
+                  {"name": "control", "containerPort": ports.control, "protocol": "TCP"},
+                  {"name": "lane", "containerPort": ports.lane, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3},
         "securityContext": container_security_context(spec),
         "volumeMounts": [{"name": "agent-config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+                         {"name": "pairing", "mountPath": naming.PAIRING_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
     }
     resources = _resources(spec, role)
@@ -335,6 +382,9 @@ def build_pod(owner: Owner, generation: str, role: Role, index: int,
             {"name": "agent-config", "configMap": {
                 "name": naming.config_map(owner.name, generation),
                 "items": [{"key": f"{role}.yaml", "path": naming.CONFIG_FILE}]}},
+            {"name": "pairing", "secret": {
+                "secretName": naming.pairing_secret(owner.name), "defaultMode": 0o400,
+                "items": [{"key": naming.PAIRING_KEY, "path": naming.PAIRING_KEY}]}},
             {"name": "tmp", "emptyDir": {}},
         ],
     }

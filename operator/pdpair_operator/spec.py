@@ -119,9 +119,27 @@ class RoleSpec(_Spec, frozen=True):
         return self.resources.dra and self.gpu_count() > 0
 
 
+class TransferPorts(_Spec, frozen=True):
+    """The TCP ports UCX's transfer listener picks from (``UCX_TCP_PORT_RANGE``), so the NetworkPolicy
+    can name them."""
+
+    first: int = 20000
+    last: int = 20999
+
+
 class Ports(_Spec, frozen=True):
     bootstrap: int = 8998
     metrics: int = 9400
+    control: int = 8999
+    lane: int = 9000
+    transfer: TransferPorts = TransferPorts()
+
+
+class Security(_Spec, frozen=True):
+    allow_plain_sglang_peers: bool = False
+    """Pair also with plain sglang peers, which prove nothing (the agents' ``auth.allowPlainPeers``)."""
+    network_policy: bool = True
+    """A default-deny NetworkPolicy admitting only this PDPair's pods (and the metrics scraper)."""
 
 
 class UpdateStrategy(_Spec, frozen=True):
@@ -172,6 +190,7 @@ class PDPairSpec(_Spec, frozen=True):
     ports: Ports = Ports()
     update_strategy: UpdateStrategy = UpdateStrategy()
     engine: Engine = Engine()
+    security: Security = Security()
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
@@ -189,11 +208,13 @@ def parse_spec(raw: dict[str, Any]) -> PDPairSpec:
 
 
 def generation_hash(spec: PDPairSpec) -> str:
-    """8 hex digits over the pod-shaping part of the spec (replicas and update strategy excluded)."""
+    """8 hex digits over the pod-shaping part of the spec (replicas, update strategy and the
+    NetworkPolicy switch excluded)."""
     shaped = msgspec.structs.replace(
         spec,
         prefill=msgspec.structs.replace(spec.prefill, replicas=0),
         decode=msgspec.structs.replace(spec.decode, replicas=0),
         update_strategy=UpdateStrategy(),
+        security=msgspec.structs.replace(spec.security, network_policy=True),
     )
     return hashlib.sha256(msgspec.json.encode(shaped, order="sorted")).hexdigest()[:8]

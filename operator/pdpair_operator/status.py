@@ -17,7 +17,10 @@ from . import naming
 from .observe import Owner, PodView
 from .spec import ROLES, Role
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "TransferReady")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "TransferReady", "PeersRefused", "InvalidSpec")
+REFUSAL_REASONS = ("unauthenticated", "bad_mac", "replay", "foreign_pdpair")
+"""Why an agent refused a peer, as the agents count them (``pdpair.io/PeerRefusals`` messages)."""
+_MAX_COUNT_DIGITS = 15
 
 
 class Cond(msgspec.Struct, frozen=True):
@@ -34,6 +37,43 @@ class RolloutFacts(msgspec.Struct, frozen=True):
     old_pods: int = 0
     backoff: tuple[str, ...] = ()
     """Messages describing failed slots waiting to be replaced."""
+    invalid: tuple[str, str] | None = None
+    """(reason, message) when the spec cannot be served: no pods are created for it."""
+
+
+def refusal_counts(message: str) -> dict[str, int]:
+    """``unauthenticated=N bad_mac=N replay=N foreign_pdpair=N`` as counts; anything else in the
+    message (an agent's report is not trusted to be well formed) counts nothing."""
+    counts = dict.fromkeys(REFUSAL_REASONS, 0)
+    for token in message.split(maxsplit=2 * len(REFUSAL_REASONS))[: 2 * len(REFUSAL_REASONS)]:
+        name, _, value = token.partition("=")
+        if name in counts and value.isascii() and value.isdigit() and len(value) <= _MAX_COUNT_DIGITS:
+            counts[name] = int(value)
+    return counts
+
+
+def _camel(reason: str) -> str:
+    return "".join(part.capitalize() for part in reason.split("_"))
+
+
+def refusals_condition(pods: Sequence[PodView]) -> Cond:
+    """The agents' ``pdpair.io/PeerRefusals`` reports summed over the PDPair's pods: True once any agent
+    refused a peer, with the most frequent reason."""
+    totals = dict.fromkeys(REFUSAL_REASONS, 0)
+    reporting = []
+    for pod in sorted(pods, key=lambda p: p.name):
+        if pod.deleting or pod.refusals is None or pod.refusals.status != "True":
+            continue
+        reporting.append(pod.name)
+        for reason, count in refusal_counts(pod.refusals.message).items():
+            totals[reason] += count
+    summary = " ".join(f"{reason}={totals[reason]}" for reason in REFUSAL_REASONS)
+    if not reporting:
+        return Cond("PeersRefused", "False", "None", summary)
+    top = max(REFUSAL_REASONS, key=lambda reason: totals[reason])
+    reason = _camel(top) if totals[top] else "Unknown"
+    shown = ", ".join(reporting[:3]) + (f" and {len(reporting) - 3} more" if len(reporting) > 3 else "")
+    return Cond("PeersRefused", "True", reason, f"{summary} (reported by {shown})")
 
 
 def transfer_condition(pods: Sequence[PodView], desired: dict[Role, int]) -> Cond:
@@ -56,6 +96,8 @@ def transfer_condition(pods: Sequence[PodView], desired: dict[Role, int]) -> Con
 
 def derive_conditions(current: Sequence[PodView], desired: dict[Role, int],
                       facts: RolloutFacts) -> list[Cond]:
+    if facts.invalid is not None:
+        return _invalid_conditions(current, desired, facts.invalid)
     transfer = transfer_condition(current, desired)
     serving = {role: sum(1 for p in current if p.role == role and p.serving) for role in ROLES}
     all_serving = all(serving[r] >= desired[r] for r in ROLES)
@@ -89,7 +131,17 @@ def derive_conditions(current: Sequence[PodView], desired: dict[Role, int],
         degraded = Cond("Degraded", "True", "TransferFailed", transfer.message)
     else:
         degraded = Cond("Degraded", "False", "AsExpected", "")
-    return [ready, progressing, degraded, transfer]
+    return [ready, progressing, degraded, transfer, Cond("InvalidSpec", "False", "Valid", "")]
+
+
+def _invalid_conditions(current: Sequence[PodView], desired: dict[Role, int],
+                        invalid: tuple[str, str]) -> list[Cond]:
+    reason, message = invalid
+    return [Cond("Ready", "False", "InvalidSpec", message),
+            Cond("Progressing", "False", "InvalidSpec", message),
+            Cond("Degraded", "True", "InvalidSpec", message),
+            transfer_condition(current, desired),
+            Cond("InvalidSpec", "True", reason, message)]
 
 
 def merge_conditions(previous: Sequence[dict[str, Any]], new: Sequence[Cond], *,
@@ -126,7 +178,7 @@ def build_status(owner: Owner, generation: str, pods: Sequence[PodView], facts: 
     spec = owner.spec
     desired: dict[Role, int] = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas}
     current = [p for p in pods if p.generation == generation and not p.deleting and not p.failed]
-    conds = derive_conditions(current, desired, facts)
+    conds = [*derive_conditions(current, desired, facts), refusals_condition(pods)]
     bootstrap = naming.service_dns(naming.bootstrap_service(owner.name, generation), owner.namespace)
     status: dict[str, Any] = {
         "observedGeneration": owner.generation,
@@ -151,7 +203,8 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
 def transition_events(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(type, reason, message) Events for condition flips worth a human's attention."""
     events = []
-    for kind, good in (("Ready", "True"), ("TransferReady", "True"), ("Degraded", "False")):
+    for kind, good in (("Ready", "True"), ("TransferReady", "True"), ("Degraded", "False"),
+                       ("PeersRefused", "False"), ("InvalidSpec", "False")):
         old, new = condition(before, kind), condition(after, kind)
         if not new or old.get("status") == new["status"]:
             continue

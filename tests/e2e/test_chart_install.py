@@ -174,8 +174,9 @@ def test_operator_reconciles_as_the_chart_service_account(
     account = f"system:serviceaccount:{ns}:{release}-pdpair-operator"
     assert cluster.kubectl("auth", "can-i", "create", "pods", "-n", ns, f"--as={account}",
                            check=False).stdout.strip() == "yes"
-    assert cluster.kubectl("auth", "can-i", "create", "secrets", "-n", ns, f"--as={account}",
-                           check=False).stdout.strip() == "no", "the operator's RBAC must not grant secrets"
+    for verb in ("get", "update", "patch", "delete"):
+        assert cluster.kubectl("auth", "can-i", verb, "secrets", "-n", ns, f"--as={account}",
+                               check=False).stdout.strip() == "no", f"the operator must not {verb} secrets"
 
     def reconciled() -> Any:
         status = cluster.kubectl_json("get", "pdpair", "demo", "-n", ns).get("status", {})

@@ -22,6 +22,8 @@ OPERATOR_RULES = {
     ("", "services"): {"create", "delete", "get", "list", "watch", "patch"},
     ("", "configmaps"): {"create", "delete", "get", "list", "watch", "patch"},
     ("resource.k8s.io", "resourceclaimtemplates"): {"create", "delete", "list", "watch"},
+    ("", "secrets"): {"create", "list", "watch"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "delete", "list", "watch", "patch"},
     ("", "events"): {"create", "patch"},
 }
 KOPF_CLUSTER_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -130,7 +132,8 @@ def test_operator_deployment_is_single_standalone_and_non_root() -> None:
     (container,) = pod["containers"]
     assert container["args"] == ["--namespace=pdpair-system", "--standalone", "--metrics-port=8080",
                                  "--metrics-address=$(POD_IP)", "--liveness=http://$(POD_IP):8081/healthz",
-                                 "--log-format=json"]
+                                 "--log-format=json", '--metrics-scraper={"namespaceSelector":{},'
+                                 '"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}}']
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     (svc,) = find(template(), "Service")
     assert svc["spec"]["selector"] == spec["selector"]["matchLabels"]
@@ -159,8 +162,8 @@ def test_monitors_and_network_policy_render_when_enabled() -> None:
     (np,) = find(objects, "NetworkPolicy")
     assert np["spec"]["podSelector"]["matchLabels"]["pdpair.io/name"] == "demo"
     peers = {"podSelector": {"matchLabels": {"pdpair.io/name": "demo"}}}
-    assert peers in np["spec"]["ingress"][0]["from"] and peers in np["spec"]["egress"][0]["to"]
-    assert np["spec"]["ingress"][1]["ports"] == [{"port": 9400, "protocol": "TCP"}]
+    assert np["spec"]["policyTypes"] == ["Egress"] and "ingress" not in np["spec"]
+    assert peers in np["spec"]["egress"][0]["to"]
     assert {"ipBlock": {"cidr": "10.0.0.1/32"}} in np["spec"]["egress"][2]["to"]
     assert not find(template(), "NetworkPolicy") and not find(template(), "ServiceMonitor")
 

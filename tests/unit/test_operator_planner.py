@@ -297,8 +297,8 @@ def test_schema_mismatch_is_transfer_ready_false_with_agent_reason() -> None:
 def test_plan_is_deterministic_for_a_stale_replay() -> None:
     owner = make_owner(p=2, d=2)
     observed = Observed((PodView("x", "prefill", 9, "0000"),), ())
-    first: Plan = plan(owner, observed, T0)
-    assert plan(owner, observed, T0) == first
+    first: Plan = plan(owner, observed, T0, new_key=lambda: bytes(32))
+    assert plan(owner, observed, T0, new_key=lambda: bytes(32)) == first
 
 
 def test_old_generation_failed_pod_is_not_replaced() -> None:

@@ -51,7 +51,8 @@ def test_sidecar_without_image_runs_the_synthetic_engine_as_the_canary():
     assert eng["image"] == agent["image"] == "img:1"
     assert eng["command"][:4] == ["pdpair-agent", "engine", "--role", "prefill"]
     assert eng["command"][-2:] == ["--socket", "/var/run/pdpair/agent.sock"]
-    assert mounts(eng)["agent-config"] == "/etc/pdpair"
+    assert mounts(eng)["agent-config"] == "/etc/pdpair/config"
+    assert "pairing" not in mounts(eng) and mounts(agent)["pairing"] == "/etc/pdpair/pairing"
     assert eng["securityContext"] == agent["securityContext"]
     assert cfg.localapi.engine.mode == "external"
 

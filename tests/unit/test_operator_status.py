@@ -75,7 +75,8 @@ def test_build_status_counts_and_endpoint() -> None:
     assert status["prefill"] == {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1,
                                  "desiredReplicas": 1, "ready": "1/1"}
     assert status["bootstrapEndpoint"] == "demo-bootstrap-g.ns.svc:8998"
-    assert {c["type"] for c in status["conditions"]} == {"Ready", "Progressing", "Degraded", "TransferReady"}
+    assert {c["type"] for c in status["conditions"]} == {"Ready", "Progressing", "Degraded", "TransferReady",
+                                                         "PeersRefused", "InvalidSpec"}
 
 
 def test_events_only_for_flips_worth_attention() -> None:
