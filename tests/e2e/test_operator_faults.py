@@ -7,6 +7,7 @@ The agents are played by the test (``FakeAgents``): these faults are the control
 
 from __future__ import annotations
 
+import contextlib
 import random
 import subprocess
 import threading
@@ -34,7 +35,7 @@ from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.faults]
 
-CHILD_KINDS = ("pods", "services", "configmaps")
+CHILD_KINDS = ("pods", "services", "configmaps", "secrets", "networkpolicies")
 """Every kind of child the operator owns for a PDPair without DRA GPUs."""
 RECREATE_BOUND = 30.0
 QUIET_SECONDS = 30.0
@@ -101,14 +102,15 @@ def quiet(cluster: Cluster, ns: str, names: list[str], op: OperatorProcess, seco
 
 def test_each_kind_of_child_deleted_is_recreated_and_nothing_else_moves(
         cluster: Cluster, ns: str, operator: OperatorProcess, fault_row: FaultRow) -> None:
-    fault_row.fault = "a child of each kind deleted (Pod, Service, ConfigMap)"
+    fault_row.fault = "a child of each kind deleted (Pod, Service, ConfigMap, Secret, NetworkPolicy)"
     fault_row.injected = "kubectl delete of one child per kind, one PDPair per kind, all at once"
     fault_row.bound = (f"recreated ≤ {RECREATE_BOUND:.0f} s; siblings' UIDs kept; "
                        f"no write for {QUIET_SECONDS:.0f} s")
     names = [f"kid-{kind[:3]}" for kind in CHILD_KINDS]
     apply(cluster, ns, "---\n".join(pdpair_yaml(n, 1, 2) for n in names))
-    fakes = [FakeAgents(cluster, ns, n) for n in names]
-    with fakes[0], fakes[1], fakes[2]:
+    with contextlib.ExitStack() as stack:
+        for n in names:
+            stack.enter_context(FakeAgents(cluster, ns, n))
         for n in names:
             wait_for(f"{n} serving", lambda n=n: serving(cluster, ns, n, 1, 2), timeout=120)
         before = {n: children(cluster, ns, n) for n in names}
