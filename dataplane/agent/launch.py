@@ -2,9 +2,9 @@
 the demo, the benchmark and the two-process tests share.
 
 Each agent gets a generated config file in a scratch directory, logs to a file there, and publishes
-its bound ports through a ready file; agents launched together share a pairing key made for them
-(``pairing_key_file``), as the operator's Secret gives the agents of one PDPair theirs; ``AgentProcess`` waits for it, reads ``/status`` and stops the
-process with SIGTERM (then SIGKILL) — only the processes it started.
+its bound ports through a ready file; ``AgentProcess`` waits for it, reads ``/status`` and stops the
+process with SIGTERM (then SIGKILL) — only the processes it started. Agents launched together share a
+pairing key made for them (``pairing_key_file``), as the operator's Secret gives one PDPair's agents theirs.
 """
 
 from __future__ import annotations
@@ -117,12 +117,17 @@ def with_pairing_key(cfg: AgentConfig, directory: Path | None = None) -> AgentCo
     if cfg.auth.key_file is not None:
         return cfg
     where = directory if directory is not None else Path(tempfile.mkdtemp(prefix="pdpair-pairing-"))
-    return msgspec.structs.replace(cfg, auth=msgspec.structs.replace(cfg.auth, key_file=pairing_key_file(where)))
+    auth = msgspec.structs.replace(cfg.auth, key_file=pairing_key_file(where))
+    return msgspec.structs.replace(cfg, auth=auth)
 
 
 class AgentProcess:
-    def __init__(self, cfg: AgentConfig, workdir: Path, tag: str, env: dict[str, str] | None = None):
-        cfg = with_pairing_key(cfg, workdir)
+    def __init__(
+        self, cfg: AgentConfig, workdir: Path, tag: str, env: dict[str, str] | None = None, *,
+        keyless: bool = False,
+    ):
+        """``keyless``: start it without a pairing key (a plain peer) instead of ``workdir``'s."""
+        cfg = cfg if keyless else with_pairing_key(cfg, workdir)
         self.cfg, self.tag = cfg, tag
         self.config_path = workdir / f"{tag}.json"
         self.config_path.write_bytes(msgspec.json.encode(cfg))

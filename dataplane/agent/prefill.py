@@ -334,8 +334,9 @@ class PrefillWorker(RoleWorker):
         except BadInput as exc:
             log.warning("dropping malformed transfer metadata: %s", exc)
             return
-        if dp is None or not self.admitted(dp, f"transfer metadata for {address}"):
+        if not self.admitted(dp, f"transfer metadata for {address}"):
             return  # nothing answers a stranger; a decode prefill dropped re-registers when our beats stop
+        assert dp is not None
         dp.last_seen = time.monotonic()
         try:
             self.start_room(dp, md)

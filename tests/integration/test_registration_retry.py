@@ -1,8 +1,9 @@
 """A decode resends its registration until it hears prefill's Hello; a resend that crosses the Hello
 (a slow prefill, a loaded host) must not cost the rooms decode has started meanwhile. Prefill answers
 an identical registration with Hello again and keeps the pairing, its rooms and the lane; a registration
-with other content (a new decode process at the same address, proving the pair's key) still re-pairs, and the rooms of the old
-pairing fail *with* a status to that address, so a decode still waiting for them learns at once.
+with other content (a new decode process at the same address, proving the pair's key) still re-pairs,
+and the rooms of the old pairing fail *with* a status to that address, so a decode still waiting for
+them learns at once.
 Real agents in one process, real bytes over NIXL (``tests.inprocess``)."""
 
 from __future__ import annotations
