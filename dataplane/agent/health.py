@@ -50,8 +50,6 @@ class AgentStatus:
         self._auth_counts = dict.fromkeys(AUTH_REASONS, 0)
         self._auth_reported = 0.0
         self._auth_dirty = False
-        if refusal_reporter is not None:
-            self._report_refusals()
         self.started = time.time()
         self._lock = threading.Lock()
         self._peers: dict[str, dict[str, Any]] = {}
@@ -59,6 +57,9 @@ class AgentStatus:
         self._ready = False
         self._live: Callable[[], bool] = lambda: True
         self._extra: Callable[[], dict[str, Any]] = dict
+        if refusal_reporter is not None:
+            self._report_refusals()  # "False"/None from the start: the operator sees the agent checks peers
+            self._auth_reported = 0.0  # the first refusal is reported at once
 
     def set_probes(self, live: Callable[[], bool], extra: Callable[[], dict[str, Any]]) -> None:
         self._live, self._extra = live, extra
