@@ -26,6 +26,7 @@ from dataplane.codec.auth import (
     seal_holds,
     split_proof,
 )
+from dataplane.podstatus import PEER_REFUSALS, PodStatusReporter
 
 KEY = b"k" * 32
 OTHER = b"o" * 32
@@ -70,13 +71,17 @@ def test_a_seal_binds_the_frames_and_the_pairing_key() -> None:
 
 
 def auth(key: bytes | None = KEY) -> tuple[PeerAuth, AgentStatus, list[tuple[bool, str, str]]]:
+    """``PeerAuth`` reporting through ``PodStatusReporter``; the reports: the condition each patch
+    of the pod's status carries, as (status == "True", reason, message)."""
     reports: list[tuple[bool, str, str]] = []
 
-    class Reporter:
-        def report(self, ready: bool, reason: str, message: str) -> None:
-            reports.append((ready, reason, message))
+    def patch(namespace: str, name: str, body: dict[str, Any]) -> None:
+        (cond,) = body["status"]["conditions"]
+        assert (namespace, name, cond["type"]) == ("ns", "pod-0", PEER_REFUSALS)
+        reports.append((cond["status"] == "True", cond["reason"], cond["message"]))
 
-    status = AgentStatus("prefill", "p", "i", None, Reporter())
+    reporter = PodStatusReporter("ns", "pod-0", patcher=patch).sibling(PEER_REFUSALS)
+    status = AgentStatus("prefill", "p", "i", None, reporter)
     return PeerAuth(key, False, AgentMetrics("prefill", "p"), status), status, reports
 
 
