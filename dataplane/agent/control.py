@@ -288,14 +288,15 @@ class Pushers:
     def dropped(self) -> int:
         return self._dropped + (self.lanes.dropped if self.lanes is not None else 0)
 
-    def send(self, address: str, frames: list[bytes]) -> bool:
+    def send(self, address: str, frames: list[bytes], unsealed: bool = False) -> bool:
         """Queue ``frames`` for ``address`` without blocking; False (and counted) when the queue is full.
+        ``unsealed``: without the pairing's seal (a registration attempt, which proves itself).
 
         Frames are copied (pyzmq's default): control frames are small, and zero-copy sends hand each
         buffer's release to pyzmq's garbage-collector thread, which then contends for the GIL with
         this worker — measured at up to 2.7 ms (median) per status frame on a 2-core host."""
         self.last_send = time.monotonic()
-        if self.seal is not None:
+        if self.seal is not None and not unsealed:
             frames = self.seal(address, frames)
         if self.lanes is not None:
             on_lane = self.lanes.send(address, frames)

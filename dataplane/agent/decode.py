@@ -293,7 +293,7 @@ class DecodeWorker(RoleWorker):
             elif peer.state in ("registering", "down") and now - peer.last_register > REGISTER_RETRY:
                 peer.last_register = now
                 offer = self.offer_landing(peer)
-                self.pushers.send(peer.address, self.attempt(peer, offer, now))
+                self.pushers.send(peer.address, self.attempt(peer, offer, now), unsealed=True)
         while self._quarantine and self._quarantine[0][0] <= now:
             self.release(self._quarantine.pop(0)[1])
         self.generate(now)
@@ -323,7 +323,7 @@ class DecodeWorker(RoleWorker):
         if self.staged is not None and peer.rank in self.required:
             frame = self.staged.offer(self.required.index(peer.rank), peer.address)
             if frame is not None:
-                self.pushers.send(peer.address, [frame])
+                self.pushers.send(peer.address, [frame], unsealed=True)
             return frame
         return None
 

@@ -9,6 +9,7 @@ real pair keeps serving with every byte of every room verified.
 from __future__ import annotations
 
 import hashlib
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -296,3 +297,35 @@ def test_key_file_digest_is_not_on_the_wire() -> None:
     key = b"k" * 32
     frame = prove_registration(key, [b"a"], "i", 1, new_nonce())
     assert key not in frame and hashlib.sha256(key).digest()[:8] not in frame
+
+
+def test_a_decode_prefill_dropped_gets_no_answer_then_pairs_again(tmp_path: Path) -> None:
+    """Frozen past its heartbeats, decode is dropped by prefill; thawed, its messages of the old
+    pairing are refused and answered by nothing, its own liveness lapses (prefill beats it no more),
+    it registers again and serves verified rooms."""
+    (p_cfg,), (d_cfg,) = loopback_pair(config())
+    prefill = AgentProcess(p_cfg, tmp_path, "prefill")
+    decode = AgentProcess(d_cfg, tmp_path, "decode")
+    try:
+        prefill.wait_ready()
+        decode.wait_ready()
+        pair = Pair(prefill, decode, tmp_path)
+        wait_for(lambda: pair.rooms()["succeeded"] >= 3, what="the pair serving")
+        before = pair.refusals(prefill)
+        decode.signal(signal.SIGSTOP)
+
+        def dropped() -> bool:
+            peers = prefill.status()["peers"]
+            return bool(peers) and all(p["state"] == "down" for p in peers.values())
+
+        wait_for(dropped, timeout=20, what="decode dropped by prefill")
+        decode.signal(signal.SIGCONT)
+        wait_for(lambda: increased(pair, prefill, before, "unauthenticated"), what="stale pairing refused")
+        rooms = pair.rooms()
+        want = rooms["succeeded"] + 5
+        wait_for(lambda: pair.rooms()["succeeded"] >= want, what="rooms of the new pairing")
+        assert pair.rooms()["verification_failures"] == 0
+        assert decode.status()["prefill"]["0"]["state"] == "paired"
+    finally:
+        decode.stop()
+        prefill.stop()
