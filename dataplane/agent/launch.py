@@ -9,10 +9,12 @@ pairing key made for them (``pairing_key_file``), as the operator's Secret gives
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -113,10 +115,14 @@ def pairing_key_file(directory: Path) -> str:
 
 
 def with_pairing_key(cfg: AgentConfig, directory: Path | None = None) -> AgentConfig:
-    """``cfg`` as it is when it names a key file, else with ``directory``'s (a new scratch directory's)."""
+    """``cfg`` as it is when it names a key file, else with ``directory``'s (else a new scratch
+    directory's, removed when this process exits)."""
     if cfg.auth.key_file is not None:
         return cfg
-    where = directory if directory is not None else Path(tempfile.mkdtemp(prefix="pdpair-pairing-"))
+    where = directory
+    if where is None:
+        where = Path(tempfile.mkdtemp(prefix="pdpair-pairing-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
     auth = msgspec.structs.replace(cfg.auth, key_file=pairing_key_file(where))
     return msgspec.structs.replace(cfg, auth=auth)
 
