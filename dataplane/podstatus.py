@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 CONDITION_TYPE = "pdpair.io/TransferReady"
+PEER_REFUSALS = "pdpair.io/PeerRefusals"
+"""The second condition an agent reports: "True" once it refused a peer's message (``peerauth``)."""
 log = logging.getLogger(__name__)
 
 PatchFn = Callable[[str, str, dict[str, Any]], None]
@@ -51,8 +53,9 @@ class PodStatusReporter:
     """Reports transfer readiness on one pod. Thread-safe; cheap to call on every health tick."""
 
     def __init__(self, namespace: str, pod_name: str, patcher: PatchFn | None = None,
-                 clock: Callable[[], str] = _now) -> None:
+                 clock: Callable[[], str] = _now, condition_type: str = CONDITION_TYPE) -> None:
         self.namespace = namespace
+        self.condition_type = condition_type
         self.pod_name = pod_name
         self._patcher = patcher
         self._clock = clock
@@ -72,7 +75,7 @@ class PodStatusReporter:
             else:
                 transition = self._transition
             body = {"status": {"conditions": [{
-                "type": CONDITION_TYPE,
+                "type": self.condition_type,
                 "status": "True" if ready else "False",
                 "reason": reason,
                 "message": message[:32768],
@@ -84,10 +87,15 @@ class PodStatusReporter:
                 self._patcher(self.namespace, self.pod_name, body)
             except Exception as exc:
                 log.warning("cannot report %s=%s on pod %s/%s: %s",
-                            CONDITION_TYPE, ready, self.namespace, self.pod_name, exc)
+                            self.condition_type, ready, self.namespace, self.pod_name, exc)
                 return False
             self._last, self._last_status, self._transition = state, ready, transition
             return True
 
 
-__all__ = ["CONDITION_TYPE", "PatchFn", "PodStatusReporter"]
+    def sibling(self, condition_type: str) -> PodStatusReporter:
+        """A reporter of another condition on the same pod, through the same client."""
+        return PodStatusReporter(self.namespace, self.pod_name, self._patcher, self._clock, condition_type)
+
+
+__all__ = ["CONDITION_TYPE", "PEER_REFUSALS", "PatchFn", "PodStatusReporter"]

@@ -9,6 +9,11 @@ heartbeats is ``down``: its rooms fail at once, and it is sent our registration 
 heartbeat every paired rank in turn (``liveness``). A new ``instance`` behind the bootstrap address (a
 replaced prefill, sglang PR #34289) fails the old rooms and re-registers with the new process.
 
+Authentication (``peerauth``): each registration attempt carries a fresh nonce and a proof of the
+PDPair key for the prefill instance the topology names; only a ``Hello`` or ``Refused`` sealed with
+the pairing key derived from it counts, and from then on only messages sealed by that pairing (a
+spoofed ``Refused``, status or heartbeat changes nothing: it is counted and dropped).
+
 Rooms: allocate destination items → metadata to each prefill rank this rank needs (TP fan-in/out) →
 Success from all of them → verify every byte per component → free. Failed rooms send ``Abort`` and
 quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a later
@@ -43,11 +48,13 @@ from ..codec import (
     encode_metadata,
     encode_registration,
 )
+from ..codec.auth import lane_token, new_nonce, offer_digest, pair_id, prove_registration
 from ..codec.control import Staged
 from ..errors import IncompatiblePeer, PDPairError
 from .bootstrap import Topology, fetch_topology
 from .control import tcp
 from .liveness import Heartbeats
+from .peerauth import Pairing, Pending
 from .roles import RoleWorker, Sources, refusal_reason_label
 from .staged_roles import DecodeStaging
 from .synthetic import items_for_tokens
@@ -55,6 +62,9 @@ from .synthetic import items_for_tokens
 log = logging.getLogger("pdpair.agent.decode")
 
 REGISTER_RETRY = 2.0
+PROOF_REFRESH = 60.0
+"""Seconds an unanswered registration attempt is resent as it is before a new one replaces it
+(prefill accepts a proof for ``codec.auth.PROOF_WINDOW_NS``)."""
 
 
 @dataclass(eq=False)
@@ -68,6 +78,11 @@ class PrefillPeer:
     state: str = "registering"
     last_seen: float = 0.0
     last_register: float = 0.0
+    auth: Pairing | None = None
+    """The authenticated pairing (None: none yet, or a plain peer)."""
+    attempt: list[bytes] | None = None
+    """The registration attempt's frames, proof included (resent as they are until answered)."""
+    attempt_time: float = 0.0
 
 
 @dataclass(eq=False)
@@ -163,6 +178,7 @@ class DecodeWorker(RoleWorker):
             if known is not None:
                 self.lose(known, f"prefill rank {r} replaced (instance {known.instance} → {info.instance})")
                 self.pushers.forget(known.address)
+                self.auth.remove(known.address)
             self.peers[r] = PrefillPeer(
                 r,
                 f"prefill-{r}@{info.host}",
@@ -175,7 +191,7 @@ class DecodeWorker(RoleWorker):
     def lose(self, peer: PrefillPeer, reason: str) -> None:
         """The peer is gone: fail its rooms now, mark it down."""
         log.warning("%s", reason)
-        peer.state = "down"
+        peer.state, peer.attempt = "down", None
         for room in self.rooms.fail_peer(peer.label, reason):
             self.finish(room, KVPoll.Failed)
         self.metrics.peer_down(peer.label)
@@ -188,12 +204,21 @@ class DecodeWorker(RoleWorker):
     def on_control(self, frames: list[bytes]) -> None:
         msg = decode_control(frames[0])
         peer = self._peer_of(getattr(msg, "agent_id", ""))
-        if peer is None:
+        sender = self.sender
+        if sender is not None and sender.fresh:  # the answer to a registration attempt
+            if peer is None or sender.address != peer.address or not isinstance(msg, Hello | Refused):
+                why = f"answer to the registration sent to {sender.address} names another peer"
+                self.auth.refused("bad_mac", why)
+                return
+        elif not self.auth.admit(sender, peer.auth if peer else None, peer is not None, type(msg).__name__):
             return
+        assert peer is not None
         now = time.monotonic()
         if isinstance(msg, Hello):
             self.on_hello(peer, msg, now)
         elif isinstance(msg, Refused):
+            if sender is not None:
+                self.auth.pending.pop(sender.pid, None)
             peer.state = "refused"
             log.error("prefill %s refused us: %s", peer.label, msg.reason)
             self.metrics.record_refusal(peer.label, refusal_reason_label(msg.reason))
@@ -216,15 +241,27 @@ class DecodeWorker(RoleWorker):
             self.metrics.record_refusal(peer.label, refusal_reason_label(reason))
             self.status.peer_refused(peer.label, reason, by="self")
             return
-        peer.state, peer.last_seen = "paired", now
+        sender = self.sender
+        if sender is not None and sender.fresh:
+            if peer.auth is not None:  # prefill re-paired: what the old pairing had under way is void there
+                for room in self.rooms.fail_peer(peer.label, f"prefill {peer.label} re-paired"):
+                    self.finish(room, KVPoll.Failed, notify=False)
+            self.auth.add(sender)
+            peer.auth = sender
+        peer.state, peer.last_seen, peer.attempt = "paired", now, None
+        token = lane_token(peer.auth.key) if peer.auth is not None else msg.lane_token
         if self.lanes is not None and msg.lane_port:
-            self.lanes.dial(peer.address, peer.host, msg.lane_port, msg.lane_token, self.me)
+            self.lanes.dial(peer.address, peer.host, msg.lane_port, token, self.me)
         self.paired(peer.label, peer.instance)
 
     def on_sglang(self, frames: list[bytes]) -> None:
         st = decode_status(frames)
         peer = self.peers.get(st.prefill_rank)
-        if peer is not None and peer.state == "paired":
+        what = f"status of room {st.room} from prefill rank {st.prefill_rank}"
+        if not self.auth.admit(self.sender, peer.auth if peer else None, peer is not None, what):
+            return
+        assert peer is not None
+        if peer.state == "paired":
             peer.last_seen = time.monotonic()
         room = self.rooms.get(st.room)
         if room is None:
@@ -255,19 +292,40 @@ class DecodeWorker(RoleWorker):
                 self.pushers.send(peer.address, [beat])
             elif peer.state in ("registering", "down") and now - peer.last_register > REGISTER_RETRY:
                 peer.last_register = now
-                self.offer_landing(peer)
-                self.pushers.send(peer.address, list(self._reg_frames))
+                offer = self.offer_landing(peer)
+                self.pushers.send(peer.address, self.attempt(peer, offer, now), unsealed=True)
         while self._quarantine and self._quarantine[0][0] <= now:
             self.release(self._quarantine.pop(0)[1])
         self.generate(now)
 
+    def attempt(self, peer: PrefillPeer, offer: bytes | None, now: float) -> list[bytes]:
+        """The registration to send ``peer``: the same frames while an attempt is unanswered (prefill
+        takes a resend as a retry), a new attempt with a fresh nonce after a pairing was lost or
+        when the proof nears the end of its validity (``PROOF_REFRESH``)."""
+        key = self.auth.key
+        if key is None:
+            return list(self._reg_frames)
+        if peer.attempt is None or now - peer.attempt_time > PROOF_REFRESH:
+            nonce = new_nonce()
+            for pid in [p for p, pend in self.auth.pending.items() if pend.address == peer.address]:
+                del self.auth.pending[pid]
+            self.auth.pending[pair_id(nonce)] = Pending(nonce, self.me, peer.instance, peer.address)
+            proof = prove_registration(
+                key, self._reg_frames, peer.instance, time.time_ns(), nonce, offer_digest(offer)
+            )
+            peer.attempt, peer.attempt_time = [*self._reg_frames, proof], now
+        return list(peer.attempt)
+
     # ---- the staged path (agent/staged.py) ------------------------------------------------------
-    def offer_landing(self, peer: PrefillPeer) -> None:
-        """Just before the registration, on the same socket: the landing buffer for ``peer``'s rank."""
+    def offer_landing(self, peer: PrefillPeer) -> bytes | None:
+        """Just before the registration, on the same socket: the landing buffer for ``peer``'s rank
+        (the frame sent, which the registration's proof names)."""
         if self.staged is not None and peer.rank in self.required:
             frame = self.staged.offer(self.required.index(peer.rank), peer.address)
             if frame is not None:
-                self.pushers.send(peer.address, [frame])
+                self.pushers.send(peer.address, [frame], unsealed=True)
+            return frame
+        return None
 
     def on_staged(self, peer: PrefillPeer, msg: Staged) -> None:
         """A staged piece landed: scatter it (its ack follows from ``poll_transfers``); a notice this

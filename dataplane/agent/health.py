@@ -2,11 +2,14 @@
 
 - live (``/healthz``): the agent's worker threads are running;
 - ready (``/readyz``): at least one peer is currently paired (a successful handshake, not yet lost);
-- status (``/status``): peers with their state and reason, the last refusals (both sides record them
-  with the precise reason), rooms and per-component statistics.
+- status (``/status``): peers with their state and reason, ``refusals``: the count of peer-authentication
+  refusals by reason and the ``recent`` handshake refusals (both sides record them with the precise
+  reason), rooms and per-component statistics.
 
 Readiness transitions and refusals are forwarded to an optional pod-condition reporter (only when the
-agent runs in a pod), so the operator sees ``pdpair.io/TransferReady`` with the same reason.
+agent runs in a pod), so the operator sees ``pdpair.io/TransferReady`` with the same reason; the
+authentication refusals go to a second one, ``pdpair.io/PeerRefusals`` (at most once per
+``REFUSAL_REPORT_EVERY`` seconds: a flood of forgeries must not become a flood of API calls).
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from .http import Handler, Reply, Request
 log = logging.getLogger("pdpair.agent.health")
 
 MAX_REFUSALS = 32
+REFUSAL_REPORT_EVERY = 5.0
+PEER_REFUSALS_CONDITION = "pdpair.io/PeerRefusals"
+AUTH_REASONS = ("unauthenticated", "bad_mac", "replay", "foreign_pdpair")
 
 
 class ConditionReporter(Protocol):
@@ -34,9 +40,16 @@ class ConditionReporter(Protocol):
 class AgentStatus:
     """Thread-safe record of peers and refusals; ``snapshot`` is what ``/status`` returns."""
 
-    def __init__(self, role: str, agent: str, instance: str, reporter: ConditionReporter | None = None):
+    def __init__(
+        self, role: str, agent: str, instance: str, reporter: ConditionReporter | None = None,
+        refusal_reporter: ConditionReporter | None = None,
+    ):
         self.role, self.agent, self.instance = role, agent, instance
         self.reporter = reporter
+        self.refusal_reporter = refusal_reporter
+        self._auth_counts = dict.fromkeys(AUTH_REASONS, 0)
+        self._auth_reported = 0.0
+        self._auth_dirty = False
         self.started = time.time()
         self._lock = threading.Lock()
         self._peers: dict[str, dict[str, Any]] = {}
@@ -44,6 +57,9 @@ class AgentStatus:
         self._ready = False
         self._live: Callable[[], bool] = lambda: True
         self._extra: Callable[[], dict[str, Any]] = dict
+        if refusal_reporter is not None:
+            self._report_refusals()  # "False"/None from the start: the operator sees the agent checks peers
+            self._auth_reported = 0.0  # the first refusal is reported at once
 
     def set_probes(self, live: Callable[[], bool], extra: Callable[[], dict[str, Any]]) -> None:
         self._live, self._extra = live, extra
@@ -56,6 +72,35 @@ class AgentStatus:
         with self._lock:
             self._refusals.append({"peer": peer, "reason": reason, "refused_by": by, "at": time.time()})
         self._set_peer(peer, "refused", reason, "")
+
+    def auth_refused(self, reason: str, counts: dict[str, int]) -> None:
+        """The refusal counts by reason changed (``peerauth``); the pod condition follows, throttled."""
+        with self._lock:
+            self._auth_counts = dict(counts)
+            self._auth_dirty = True
+        self.flush_refusals()
+
+    def flush_refusals(self) -> None:
+        """Report changed refusal counts if the last report is old enough (the worker's tick calls it)."""
+        if self.refusal_reporter is None or not self._auth_dirty:
+            return
+        if time.monotonic() - self._auth_reported < REFUSAL_REPORT_EVERY:
+            return
+        self._report_refusals()
+
+    def _report_refusals(self) -> None:
+        with self._lock:
+            counts, self._auth_dirty = dict(self._auth_counts), False
+        self._auth_reported = time.monotonic()
+        if self.refusal_reporter is None:
+            return
+        top = max(AUTH_REASONS, key=lambda r: counts[r])
+        why = "".join(w.capitalize() for w in top.split("_")) if counts[top] else "None"
+        message = " ".join(f"{r}={counts[r]}" for r in AUTH_REASONS)
+        try:
+            self.refusal_reporter.report(counts[top] > 0, why, message)
+        except Exception:
+            log.exception("reporting the peer-refusals pod condition failed")
 
     def peer_down(self, peer: str, reason: str) -> None:
         self._set_peer(peer, "down", reason, "")
@@ -98,7 +143,8 @@ class AgentStatus:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             peers = {k: dict(v) for k, v in self._peers.items()}
-            refusals = list(self._refusals)
+            refusals: dict[str, Any] = dict(self._auth_counts)
+            refusals["recent"] = list(self._refusals)
         out = {
             "role": self.role,
             "agent": self.agent,

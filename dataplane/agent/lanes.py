@@ -236,9 +236,10 @@ class Lanes:
         for the replies to messages handled together)."""
 
     # ---- set-up ---------------------------------------------------------------------------------
-    def invite(self, address: str) -> bytes:
-        """A token for the agent at ``address`` to present when it dials us."""
-        token = os.urandom(16)
+    def invite(self, address: str, token: bytes = b"") -> bytes:
+        """A token for the agent at ``address`` to present when it dials us (``token``: one both
+        sides derive; else a random one, sent in the ``Hello``)."""
+        token = token or os.urandom(16)
         self.invites[address] = token
         return token
 

@@ -3,18 +3,23 @@ the demo, the benchmark and the two-process tests share.
 
 Each agent gets a generated config file in a scratch directory, logs to a file there, and publishes
 its bound ports through a ready file; ``AgentProcess`` waits for it, reads ``/status`` and stops the
-process with SIGTERM (then SIGKILL) — only the processes it started.
+process with SIGTERM (then SIGKILL) — only the processes it started. Agents launched together share a
+pairing key made for them (``pairing_key_file``), as the operator's Secret gives one PDPair's agents theirs.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -94,8 +99,41 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
+PAIRING_KEY_BYTES = 32
+
+
+def pairing_key_file(directory: Path) -> str:
+    """``directory``'s pairing key (32 random bytes, mode 0600), made by the first caller."""
+    path = directory / "pairing.key"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return str(path)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(PAIRING_KEY_BYTES))
+    return str(path)
+
+
+def with_pairing_key(cfg: AgentConfig, directory: Path | None = None) -> AgentConfig:
+    """``cfg`` as it is when it names a key file, else with ``directory``'s (else a new scratch
+    directory's, removed when this process exits)."""
+    if cfg.auth.key_file is not None:
+        return cfg
+    where = directory
+    if where is None:
+        where = Path(tempfile.mkdtemp(prefix="pdpair-pairing-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+    auth = msgspec.structs.replace(cfg.auth, key_file=pairing_key_file(where))
+    return msgspec.structs.replace(cfg, auth=auth)
+
+
 class AgentProcess:
-    def __init__(self, cfg: AgentConfig, workdir: Path, tag: str, env: dict[str, str] | None = None):
+    def __init__(
+        self, cfg: AgentConfig, workdir: Path, tag: str, env: dict[str, str] | None = None, *,
+        keyless: bool = False,
+    ):
+        """``keyless``: start it without a pairing key (a plain peer) instead of ``workdir``'s."""
+        cfg = cfg if keyless else with_pairing_key(cfg, workdir)
         self.cfg, self.tag = cfg, tag
         self.config_path = workdir / f"{tag}.json"
         self.config_path.write_bytes(msgspec.json.encode(cfg))
@@ -180,7 +218,9 @@ def _delta(before: float | None, after: float | None) -> float | None:
 def loopback_pair(
     base: AgentConfig, *, prefill_tp: int = 1, decode_tp: int = 1, bootstrap_port: int | None = None
 ) -> tuple[list[AgentConfig], list[AgentConfig]]:
-    """Configs for a prefill group and a decode group on 127.0.0.1 sharing ``base``'s model/transfer."""
+    """Configs for a prefill group and a decode group on 127.0.0.1 sharing ``base``'s model/transfer
+    and pairing key (a new one when ``base`` names none)."""
+    base = with_pairing_key(base)
     port = bootstrap_port or free_port()
     listen = msgspec.structs.replace(
         base.listen, host="127.0.0.1", bootstrap_port=port, metrics_port=0, control_port=0

@@ -177,6 +177,13 @@ class AgentMetrics:
             ("role", "peer", "reason"),
             registry=r,
         )
+        self.peer_refusals = Counter(
+            "pdpair_peer_refusals",
+            "Messages and registrations refused for failing peer authentication, by reason "
+            "(unauthenticated, bad_mac, replay, foreign_pdpair).",
+            ("role", "reason"),
+            registry=r,
+        )
         self.handshakes = Counter(
             PREFIX + "handshakes", "Successful handshakes.", ("role", "peer"), registry=r
         )
@@ -219,6 +226,9 @@ class AgentMetrics:
 
     def record_refusal(self, peer: str, reason: str) -> None:
         self.refusals.labels(self.role, peer, reason).inc()
+
+    def record_peer_refusal(self, reason: str) -> None:
+        self.peer_refusals.labels(self.role, reason).inc()
 
     def record_handshake(self, peer: str) -> None:
         """Also creates the peer's success series at 0, so ``rate()`` counts from the first request."""

@@ -6,9 +6,12 @@ deadline — aborting their transfers, so a frozen decode can never pin the work
 A decode that stops heartbeating (``liveness``) is dropped: its rooms fail, its transport peer is
 disconnected, ``peer_up`` goes to 0 and, with no decode left, ``/readyz`` goes false.
 
-Per registration: decode ``Registration`` → ``check_compatible`` (refusal: ``Refused`` with the exact
-reason back to decode, and the same reason in logs, metrics and ``/status``) → ``transport.connect`` →
-``PeerLayout`` + prepared pairing → ``Hello`` back as the acceptance.
+Per registration: its proof of the PDPair key (``codec.auth``; a registration without one is refused
+unless ``auth.allowPlainPeers``, and never displaces an authenticated pairing) → decode
+``Registration`` → ``check_compatible`` (refusal: ``Refused`` with the exact reason back to decode,
+and the same reason in logs, metrics and ``/status``) → ``transport.connect`` → ``PeerLayout`` +
+prepared pairing → ``Hello`` back as the acceptance, sealed with the pairing's key (``peerauth``).
+A message that fails authentication, or names a decode that is not registered, gets no answer.
 Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
 ``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
 component (``requests.transfer_requests``: one engine request for a small room; the small rooms that
@@ -46,6 +49,18 @@ from ..codec import (
     encode_manifest,
     encode_status,
 )
+from ..codec.auth import (
+    AuthFailure,
+    RegistrationProof,
+    check_registration,
+    new_nonce,
+    offer_digest,
+    pair_id,
+    pairing_key,
+    seal,
+    split_proof,
+)
+from ..codec.auth import lane_token as derive_lane_token
 from ..codec.control import Staged, StagedOffer
 from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, TransferFailed
 from ..planner import PeerLayout, RequestIndices, WritePlan, pairing_for, plan_request
@@ -53,6 +68,7 @@ from ..transports import Peer, Transfer, TransferState, Writes
 from .control import tcp
 from .forward import ForwardThread
 from .liveness import Heartbeats
+from .peerauth import Pairing
 from .requests import Part, transfer_requests
 from .roles import RoleWorker, refusal_reason_label
 from .staged_roles import PrefillStaging
@@ -73,6 +89,8 @@ class DecodePeer:
     last_seen: float = field(default_factory=time.monotonic)
     registration: tuple[bytes, ...] = ()
     """The registration's frames: the same frames again are a retry (``on_registration``)."""
+    auth: Pairing | None = None
+    """The authenticated pairing (None: a plain sglang peer, admitted by ``auth.allowPlainPeers``)."""
 
 
 @dataclass(eq=False)
@@ -124,8 +142,9 @@ class PrefillWorker(RoleWorker):
             self.on_metadata(frames)
 
     def on_registration(self, frames: list[bytes]) -> None:
+        body, proof_frame = split_proof(frames)
         try:
-            reg = decode_registration(frames)
+            reg = decode_registration(body)
         except BadInput as exc:
             self.refuse("unknown", "", f"malformed registration: {exc}")
             return
@@ -135,7 +154,10 @@ class PrefillWorker(RoleWorker):
         if current is not None and current.registration == tuple(frames):
             # decode resends its registration until it hears Hello: a retry that crossed our Hello.
             # Pairing again would fail its rooms under way (decode may have started them already).
-            self.pushers.send(address, [encode_control(self.hello(address, reg, again=True))])
+            self.pushers.send(address, [encode_control(self.hello(current, reg, again=True))])
+            return
+        admitted, proof = self.check_proof(address, body, proof_frame, current)
+        if not admitted:
             return
         try:
             if reg.manifest is not None:
@@ -144,16 +166,51 @@ class PrefillWorker(RoleWorker):
                 log.warning(
                     "decode %s sent no manifest (plain sglang peer): pairing without schema check", label
                 )
-            self.accept(label, address, reg, tuple(frames))
+            self.accept(label, address, reg, tuple(frames), proof)
         except IncompatiblePeer as exc:
-            self.refuse(label, address, exc.reason)
+            self.refuse(label, address, exc.reason, proof)
         except PDPairError as exc:
-            self.refuse(label, address, f"cannot pair: {exc}")
+            self.refuse(label, address, f"cannot pair: {exc}", proof)
 
-    def accept(self, label: str, address: str, reg: Registration, frames: tuple[bytes, ...]) -> None:
+    def check_proof(
+        self, address: str, body: list[bytes], frame: bytes | None, current: DecodePeer | None
+    ) -> tuple[bool, RegistrationProof | None]:
+        """(admitted, its proof of the PDPair key). A plain registration (``frame`` None) is admitted
+        only when plain peers are allowed and no authenticated pairing holds the address; a refused
+        one is counted and never answered."""
+        if frame is None:
+            if self.auth.allow_plain and (current is None or current.auth is None):
+                return True, None
+            self.auth.refused("unauthenticated", f"registration from {address} proves no PDPair key")
+            return False, None
+        if self.auth.key is None:
+            self.auth.refused("unauthenticated", f"registration from {address}: no auth.keyFile here")
+            return False, None
+        try:
+            proof = check_registration(self.auth.key, body, frame, self.instance, time.time_ns())
+        except AuthFailure as exc:
+            self.auth.refused(exc.reason, f"registration from {address}: {exc}")
+            return False, None
+        if not self.auth.fresh_nonce(proof.nonce):
+            self.auth.refused("replay", f"registration from {address}: its nonce was used before")
+            return False, None
+        return True, proof
+
+    def pairing(self, address: str, proof: RegistrationProof) -> Pairing:
+        assert self.auth.key is not None
+        nonce = new_nonce()
+        key = pairing_key(self.auth.key, proof.nonce, nonce, address, self.instance)
+        return Pairing(pair_id(proof.nonce), address, key, nonce)
+
+    def accept(
+        self, label: str, address: str, reg: Registration, frames: tuple[bytes, ...],
+        proof: RegistrationProof | None = None,
+    ) -> None:
         old = self.peers.pop(address, None)
         if old is not None:
             self.drop_peer(old, "decode re-registered", notify=True)
+        if self.staged is not None and proof is not None:
+            self.bind_offer(address, proof)
         blobs = [
             *reg.dst_kv_mem_descs,
             *reg.dst_aux_mem_descs,
@@ -188,37 +245,61 @@ class PrefillWorker(RoleWorker):
             raise
         if self.staged is not None and landing:
             self.staged.attach(address, peer, landing_region=len(blobs))
-        self.peers[address] = DecodePeer(
+        dp = DecodePeer(
             label, address, peer, layout, pairing, reg.legacy_flat_state, beats=reg.manifest is not None,
-            registration=frames,
+            registration=frames, auth=self.pairing(address, proof) if proof is not None else None,
         )
-        self.pushers.send(address, [encode_control(self.hello(address, reg))])
+        self.peers[address] = dp
+        if dp.auth is not None:
+            self.auth.add(dp.auth)
+        self.pushers.send(address, [encode_control(self.hello(dp, reg))])
         self.paired(label)
 
-    def hello(self, address: str, reg: Registration, again: bool = False) -> Hello:
+    def bind_offer(self, address: str, proof: RegistrationProof) -> None:
+        """Keep ``address``'s landing offer only if its registration proof names it: the offer
+        travels unsealed before the pairing exists."""
+        assert self.staged is not None
+        offer = self.staged.offers.get(address)
+        if offer is not None and offer_digest(encode_control(offer)) != proof.offer:
+            self.staged.offers.pop(address, None)
+            self.auth.refused("bad_mac", f"landing offer for {address} is not the one its registration names")
+
+    def hello(self, dp: DecodePeer, reg: Registration, again: bool = False) -> Hello:
         """The acceptance, with a lane invitation for one of our agents (a plain sglang decode stays
         on ZMQ). ``again`` (a retried registration): the invitation already sent stands, and none at
-        all once its lane is up — decode re-dials for every invitation, dropping the lane it has."""
+        all once its lane is up — decode re-dials for every invitation, dropping the lane it has.
+        With an authenticated pairing the lane token is derived on both sides, never sent."""
+        address, auth = dp.address, dp.auth
         lanes = self.lanes if reg.manifest is not None else None
+        derived = derive_lane_token(auth.key) if auth is not None else b""
         token = b""
         if lanes is not None and not again:
-            token = lanes.invite(address)
+            token = lanes.invite(address, derived)
         elif lanes is not None and address not in lanes.by_address:
-            token = lanes.invites.get(address) or lanes.invite(address)
+            token = lanes.invites.get(address) or lanes.invite(address, derived)
         return Hello(
             agent_id=self.agent_id,
             generation=self.generation,
             role="prefill",
             manifest=encode_manifest(self.manifest),
             lane_port=lanes.port if lanes is not None and token else 0,
-            lane_token=token,
+            lane_token=b"" if auth is not None else token,
+            nonce=auth.nonce if auth is not None else b"",
         )
 
-    def refuse(self, label: str, address: str, reason: str) -> None:
+    def refuse(self, label: str, address: str, reason: str, proof: RegistrationProof | None = None) -> None:
+        """Refuse a registration: a proven decode is told why (sealed for the pairing it asked
+        for), a plain one too when plain peers are allowed; nobody else hears anything."""
         log.warning("refusing %s: %s", label, reason)
         self.metrics.record_refusal(label, refusal_reason_label(reason))
         self.status.peer_refused(label, reason, by="self")
-        if address:
+        if not address:
+            return
+        if proof is not None:
+            p = self.pairing(address, proof)
+            frames = [encode_control(Refused(reason=reason, agent_id=self.agent_id, nonce=p.nonce))]
+            self.pushers.send(address, [*frames, seal(p.key, p.pid, 1, frames)])
+        elif self.auth.allow_plain:
             self.pushers.send(address, [encode_control(Refused(reason=reason, agent_id=self.agent_id))])
 
     def drop_peer(self, dp: DecodePeer, reason: str, notify: bool = False) -> None:
@@ -238,28 +319,33 @@ class PrefillWorker(RoleWorker):
             log.warning("disconnect %s: %s", dp.label, exc)
         if self.staged is not None:
             self.staged.detach(dp.address)
+        if dp.auth is not None and self.auth.by_address.get(dp.address) is dp.auth:
+            self.auth.remove(dp.address)
         if any(p.label == dp.label for p in self.peers.values() if p is not dp):
             return  # the label's newer connection is paired
         self.metrics.peer_down(dp.label)
         self.status.peer_down(dp.label, reason)
 
     # ---- rooms --------------------------------------------------------------------------
+    def admitted(self, dp: DecodePeer | None, what: str) -> bool:
+        """The message being handled names ``dp`` (None: a decode we do not know) and carries the
+        seal of its pairing (or none, from an admitted plain peer)."""
+        return self.auth.admit(self.sender, dp.auth if dp is not None else None, dp is not None, what)
+
     def on_metadata(self, frames: list[bytes]) -> None:
         try:
             md = decode_metadata(frames)
-            dp = self.peers.get(tcp(md.endpoint, md.dst_port))
-            if dp is not None:
-                dp.last_seen = time.monotonic()
+            address = tcp(md.endpoint, md.dst_port)
+            dp = self.peers.get(address)
             if dp is not None and dp.legacy_flat_state:
                 md = decode_metadata(frames, legacy_flat_state=True)
         except BadInput as exc:
             log.warning("dropping malformed transfer metadata: %s", exc)
             return
-        if dp is None:
-            self.send_status(
-                tcp(md.endpoint, md.dst_port), md.room, KVPoll.Failed, "decode is not registered"
-            )
-            return
+        if not self.admitted(dp, f"transfer metadata for {address}"):
+            return  # nothing answers a stranger; a decode prefill dropped re-registers when our beats stop
+        assert dp is not None
+        dp.last_seen = time.monotonic()
         try:
             self.start_room(dp, md)
         except PDPairError as exc:
@@ -507,17 +593,35 @@ class PrefillWorker(RoleWorker):
 
     def on_control(self, frames: list[bytes]) -> None:
         msg = decode_control(frames[0])
+        if isinstance(msg, StagedOffer):
+            if self.staged is not None:
+                self.staged.on_offer(msg)  # kept only if the registration's proof names it (``bind_offer``)
+            return
+        if isinstance(msg, Abort):
+            self.on_abort(msg)
+            return
+        agent = getattr(msg, "agent_id", "")
+        dp = self.peers.get(agent)
+        if not self.admitted(dp, f"{type(msg).__name__} from {agent}"):
+            return
+        assert dp is not None
         if isinstance(msg, Heartbeat):
-            dp = self.peers.get(msg.agent_id)
-            if dp is not None:
-                dp.last_seen = time.monotonic()
-        elif isinstance(msg, StagedOffer) and self.staged is not None:
-            self.staged.on_offer(msg)
+            dp.last_seen = time.monotonic()
         elif isinstance(msg, Staged) and self.staged is not None:
             self.staged.on_message(msg)
-        elif isinstance(msg, Abort):
-            for room in [r for r in self.rooms.live() if r.room == msg.room]:
+
+    def on_abort(self, msg: Abort) -> None:
+        """Fail the room of the decode whose pairing sealed the abort (a plain peer's: any plain room)."""
+        sender = self.sender
+        for room in [r for r in self.rooms.live() if r.room == msg.room]:
+            key: Any = room.key
+            dp = self.peers.get(key[0])
+            mine = dp is not None and (dp.auth is sender if sender is not None else dp.auth is None)
+            if mine and (sender is not None or self.auth.allow_plain):
                 self.finish(self.rooms.fail(room.key, f"aborted by decode: {msg.reason}"), KVPoll.Failed)
+            else:
+                reason = "unauthenticated" if sender is None else "bad_mac"
+                self.auth.refused(reason, f"abort of room {msg.room}: not its decode's")
 
     def tick(self, now: float) -> None:
         """Heartbeats to every paired decode; drop the decodes whose heartbeats stopped."""

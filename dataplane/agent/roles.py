@@ -34,6 +34,7 @@ import zmq
 from mypy_extensions import mypyc_attr
 
 from ..codec import GUARD, KVPoll, manifest_from_schema
+from ..codec.auth import AuthFailure, is_sealed
 from ..compiled import active as compiled_active
 from ..config import AgentConfig
 from ..errors import BadInput, PDPairError
@@ -43,6 +44,7 @@ from .control import MAX_MESSAGE, WAKE, Inbox, Pushers
 from .health import AgentStatus
 from .lanes import Lanes
 from .metrics import AgentMetrics, reason_label
+from .peerauth import Pairing, PeerAuth
 from .pools import IndexAllocator, MemoryPools
 from .rooms import Room, RoomTable
 from .stats import StatsBook
@@ -133,6 +135,12 @@ class RoleWorker(abc.ABC):
             self.inbox.watch(transport.wake_fd)
         self.pushers = Pushers(ctx, lanes)
         self.lanes = lanes
+        self.auth = PeerAuth(cfg.auth.read_key(), cfg.auth.allow_plain_peers, metrics, status)
+        self.pushers.seal = self.auth.seal
+        self.sender: Pairing | None = None
+        """The pairing whose seal the message being handled carried (None: unsealed)."""
+        if self.auth.key is None:
+            log.warning("%s: no auth.keyFile: pairs only with plain peers that allow it", self.role)
         self.rooms = RoomTable()
         self.engine = SyntheticEngine(pools)
         self.kv_pages = IndexAllocator("kv", schema.kv.num_pages)
@@ -187,6 +195,7 @@ class RoleWorker(abc.ABC):
                 for room in self.rooms.expire(now):
                     self.on_expired(room)
                 self.tick(now)
+                self.status.flush_refusals()
                 if len(self.rooms) != inflight:
                     inflight = len(self.rooms)
                     self.metrics.set_inflight(inflight)
@@ -222,12 +231,18 @@ class RoleWorker(abc.ABC):
         try:
             if frames == [WAKE]:
                 return  # a helper thread handed work over: the loop picks it up below
+            self.sender = None
+            if is_sealed(frames):
+                self.sender = self.auth.open(frames)
+                frames = frames[:-1]
             if frames and frames[0] == GUARD:
                 self.on_sglang(frames)
             elif len(frames) == 1:
                 self.on_control(frames)
             else:
                 raise BadInput(f"unrecognised control message of {len(frames)} frames")
+        except AuthFailure as exc:
+            self.auth.refused(exc.reason, str(exc))
         except PDPairError as exc:
             log.warning("%s: dropping message: %s", self.role, exc)
         except Exception:
@@ -260,6 +275,7 @@ class RoleWorker(abc.ABC):
         for hook in self.on_shutdown:
             hook()
         self.pushers.close()
+        self.pushers.seal = None  # whatever outlives the worker's sockets must not keep it (and its pools)
         self.inbox.close()
 
     # ---- pools ----------------------------------------------------------------------------

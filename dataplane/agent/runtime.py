@@ -30,7 +30,7 @@ from ..schema.profiles import schema_from_config
 from ..transports import Transport
 from .bootstrap import BootstrapRegistry, RankInfo, announce_rank
 from .decode import DecodeWorker
-from .health import AgentStatus, ConditionReporter
+from .health import PEER_REFUSALS_CONDITION, AgentStatus, ConditionReporter
 from .http import AgentHttpServer
 from .metrics import CONTENT_TYPE, AgentMetrics
 from .pools import MemoryPools
@@ -107,7 +107,9 @@ class AgentRuntime:
         staging_regions = self.staging.regions() if self.staging is not None else []
         blobs = self.transport.register(self.pools.memory_regions() + staging_regions)
         self.metrics = AgentMetrics(cfg.role, self.name)
-        self.status = AgentStatus(cfg.role, self.name, self.instance, reporter)
+        sibling = getattr(reporter, "sibling", None)  # PodStatusReporter: the same pod's other condition
+        refusals = sibling(PEER_REFUSALS_CONDITION) if sibling is not None else None
+        self.status = AgentStatus(cfg.role, self.name, self.instance, reporter, refusals)
         self.ctx = zmq.Context()
         # worker_factory: the sidecar's hook (dataplane.localapi): rooms from a serving engine.
         role_cls: Callable[..., RoleWorker] = worker_factory or (

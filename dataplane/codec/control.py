@@ -20,6 +20,7 @@ from ..errors import WireFormatError
 MAX_CONTROL_BYTES = 1 << 20
 NonNeg = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Text = Annotated[str, msgspec.Meta(max_length=64 * 1024)]
+Nonce = Annotated[bytes, msgspec.Meta(max_length=32)]
 
 
 class _Control(msgspec.Struct, frozen=True, tag_field="type"):
@@ -36,7 +37,10 @@ class Hello(_Control, frozen=True, tag="hello"):
     lane_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     """Prefill's direct-lane listener (``agent.lanes``); 0: none, stay on ZMQ."""
     lane_token: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
-    """What the decode presents when it dials the lane."""
+    """What the decode presents when it dials the lane (empty for an authenticated pairing: decode
+    derives it from the pairing key)."""
+    nonce: Nonce = b""
+    """Prefill's nonce of an authenticated pairing (``codec.auth.pairing_key``)."""
 
 
 class Refused(_Control, frozen=True, tag="refused"):
@@ -45,6 +49,8 @@ class Refused(_Control, frozen=True, tag="refused"):
     reason: Text
     agent_id: Text = ""
     """Who refused (lets a decode rank tell which prefill rank refused it); appended, so optional."""
+    nonce: Nonce = b""
+    """Prefill's nonce: the refusal is sealed like a ``Hello`` (a spoofed one is not)."""
 
 
 class Heartbeat(_Control, frozen=True, tag="heartbeat"):

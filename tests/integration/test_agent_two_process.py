@@ -46,9 +46,9 @@ def config(
 @contextmanager
 def agents(tmp_path, base, prefill_tp=1, decode_tp=1, decode_base=None):
     pcfgs, dcfgs = loopback_pair(base, prefill_tp=prefill_tp, decode_tp=decode_tp)
-    if decode_base is not None:
+    if decode_base is not None:  # another config for decode, the same PDPair (pairing key)
         _, dcfgs = loopback_pair(
-            decode_base,
+            msgspec.structs.replace(decode_base, auth=pcfgs[0].auth),
             prefill_tp=prefill_tp,
             decode_tp=decode_tp,
             bootstrap_port=pcfgs[0].listen.bootstrap_port,
@@ -166,11 +166,12 @@ def test_all_empty_requests_complete(tmp_path):
 def test_schema_mismatch_refused_on_both_sides(tmp_path):
     other = config(dtype="float16")
     with agents(tmp_path, config(), decode_base=other) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["refusals"], what="refusal on decode")
+        wait_for(lambda: decode[0].status()["refusals"]["recent"], what="refusal on decode")
         d, p = decode[0].status(), prefill[0].status()
-        assert "kv dtype bfloat16 on prefill vs float16 on decode" in d["refusals"][0]["reason"]
-        assert d["refusals"][0]["refused_by"] == "peer"
-        assert "kv dtype bfloat16" in p["refusals"][0]["reason"] and not p["ready"] and not d["ready"]
+        assert "kv dtype bfloat16 on prefill vs float16 on decode" in d["refusals"]["recent"][0]["reason"]
+        assert d["refusals"]["recent"][0]["refused_by"] == "peer"
+        assert "kv dtype bfloat16" in p["refusals"]["recent"][0]["reason"]
+        assert not p["ready"] and not d["ready"]
         for agent in (prefill[0], decode[0]):
             text = urllib.request.urlopen(agent.url + "/metrics", timeout=2).read().decode()
             assert 'reason="kv_mismatch"' in text
@@ -180,8 +181,8 @@ def test_generation_mismatch_refused(tmp_path):
     base = msgspec.structs.replace(config(), identity=IdentityConfig(generation="g1"))
     other = msgspec.structs.replace(config(), identity=IdentityConfig(generation="g2"))
     with agents(tmp_path, base, decode_base=other) as (_, decode):
-        wait_for(lambda: decode[0].status()["refusals"], what="refusal")
-        assert "generation g1 ≠ decode generation g2" in decode[0].status()["refusals"][0]["reason"]
+        wait_for(lambda: decode[0].status()["refusals"]["recent"], what="refusal")
+        assert "generation g1 ≠ decode generation g2" in decode[0].status()["refusals"]["recent"][0]["reason"]
 
 
 def test_dead_prefill_fails_rooms_by_heartbeat(tmp_path):

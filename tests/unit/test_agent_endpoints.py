@@ -78,7 +78,7 @@ def test_topology_ranks_and_readiness(server):
     status.peer_refused("decode-0@127.0.0.1", "kv dtype bfloat16 on prefill vs float16 on decode", by="self")
     code, body = _get(srv.url + "/status")
     snap = json.loads(body)
-    assert code == 200 and snap["refusals"][0]["reason"].startswith("kv dtype")
+    assert code == 200 and snap["refusals"]["recent"][0]["reason"].startswith("kv dtype")
     status.peer_paired("decode-0@127.0.0.1")
     assert _get(srv.url + "/readyz")[0] == 200
     assert _get(srv.url + "/healthz")[0] == 200
