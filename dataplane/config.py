@@ -212,6 +212,11 @@ class EngineConfig(_Base, frozen=True):
     socket_path: str = "/var/run/pdpair/agent.sock"
     """The local API's Unix socket, in a volume the engine's and the agent's containers share."""
     max_frame_bytes: int = 4 << 20
+    allowed_uids: list[int] = []
+    """The uids whose processes may use the local API socket (checked on connect, ``SO_PEERCRED``);
+    empty: the agent's own uid (engine and agent containers run as the same user)."""
+    socket_group: int | None = None
+    """A gid for the socket file, which that group may then open too (mode 0660); unset: 0600."""
     reply_spin_microseconds: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 200
     """After pushing the engine a state it answers (a room finished; prefill: decode asked for a room),
     the role worker polls without sleeping this long for the answer (the next ``Expect`` or ``Send``):

@@ -94,7 +94,9 @@ class Sidecar:
         self.attached = threading.Event()
         self._lock = threading.Lock()
         engine = cfg.localapi.engine
-        self.server = LocalApiServer(engine.socket_path, self, engine.max_frame_bytes)
+        self.server = LocalApiServer(
+            engine.socket_path, self, engine.max_frame_bytes, engine.allowed_uids, engine.socket_group
+        )
 
     def start(self) -> Sidecar:
         self.server.start()
