@@ -369,9 +369,9 @@ def test_a_process_of_another_uid_is_refused_clearly_and_the_engine_still_gets_i
             assert s.recv(1) == b""  # and the connection is closed
         assert server.refused == 1 and handler.registered == [] and server._active is None
         server.allowed_uids = frozenset({os.getuid()})  # now this process is the engine
-        with client(server) as c:
-            with SharedPools([(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]) as pools:
-                c.register_pools(pools.regions, pools.fds)
+        regions = [(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]
+        with client(server) as c, SharedPools(regions) as pools:
+            c.register_pools(pools.regions, pools.fds)
         assert handler.registered == [(len(SCHEMA.regions()), 1)]
     finally:
         server.stop()
