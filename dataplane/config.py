@@ -73,7 +73,9 @@ class NixlConfig(_Base, frozen=True):
     ucx_tls: str | None = None
     """Value for UCX_TLS (e.g. ``tcp``); None keeps UCX's default (CMA / shared memory on one host)."""
     ucx_net_devices: str | None = None
-    """Value for UCX_NET_DEVICES (``lo`` pins UCX to loopback); None keeps UCX's default."""
+    """Value for UCX_NET_DEVICES (``lo`` pins UCX to loopback). None: the interface holding
+    ``listen.host`` and the host's RDMA ports, so UCX's TCP transport listens only on the agent's
+    address (``transports.netdevs``); UCX's default (every device) where no interface holds it."""
     num_threads: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     """NIXL's own backend threads (``num_threads``, with every request handed to them: UCX's
     ``split_batch_size`` 1). A post then returns once the thread has issued the writes and the copy

@@ -28,6 +28,7 @@ from ..errors import BadInput
 from ..schema import RoleSchema
 from ..schema.profiles import schema_from_config
 from ..transports import Transport
+from ..transports.netdevs import net_devices_for
 from .bootstrap import BootstrapRegistry, RankInfo, announce_rank
 from .decode import DecodeWorker
 from .health import AgentStatus, ConditionReporter
@@ -57,6 +58,8 @@ def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = 
     from ..transports.nixl import NixlTransport
 
     nixl = cfg.transfer.nixl.for_role(cfg.role, cfg.transfer.device)
+    if nixl.ucx_net_devices is None:  # UCX listens only where the agent does (``transports.netdevs``)
+        nixl = msgspec.structs.replace(nixl, ucx_net_devices=net_devices_for(cfg.listen.host))
     if cfg.transfer.device == "cuda":  # VRAM copies run on the GPU: no posting thread, no shared agent
         nixl = msgspec.structs.replace(nixl, post_thread=False)
     return NixlTransport(engine_name, nixl, sdk=sdk)
