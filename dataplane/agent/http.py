@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ class AgentHttpServer:
                 authenticated = server.verifier is None
                 header = self.headers.get(HEADER)
                 if header is not None and server.verifier is not None:
-                    why = server.verifier.check(method, parts.path, body, header)
+                    why = server.verifier.check(method, self.path, body, header)  # path and query
                     if why:
                         self._send(Reply.json({"error": why}, 401))
                         return
@@ -162,8 +163,14 @@ def _decode_body(url: str, body: bytes) -> Any:
         raise WireFormatError(f"{url} answered with a body that is not JSON ({len(body)} bytes)") from exc
 
 
-def _signed(method: str, url: str, body: bytes, key: bytes | None) -> dict[str, str]:
-    return {HEADER: sign(key, method, urlsplit(url).path, body)} if key is not None else {}
+def _signed(method: str, url: str, body: bytes, key: bytes | None) -> tuple[str, dict[str, str]]:
+    """``url`` with a fresh ``nonce`` query parameter and the header signing it (``httpauth``): two
+    identical requests in one second must still differ, as each signature is accepted once."""
+    if key is None:
+        return url, {}
+    url = f"{url}{'&' if '?' in url else '?'}nonce={secrets.token_hex(8)}"
+    parts = urlsplit(url)
+    return url, {HEADER: sign(key, method, f"{parts.path}?{parts.query}", body)}
 
 
 def get_json(url: str, timeout: float = 2.0, key: bytes | None = None) -> Any:
@@ -171,7 +178,8 @@ def get_json(url: str, timeout: float = 2.0, key: bytes | None = None) -> Any:
     request with the pairing key (the full ``/status`` and ``/topology``)."""
     import urllib.request
 
-    req = urllib.request.Request(url, headers=_signed("GET", url, b"", key))
+    url, headers = _signed("GET", url, b"", key)
+    req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return _decode_body(url, resp.read(MAX_BODY * 16))
 
@@ -180,7 +188,8 @@ def put_json(url: str, value: Any, timeout: float = 2.0, key: bytes | None = Non
     import urllib.request
 
     body = json.dumps(value).encode()
-    headers = {"Content-Type": "application/json", **_signed("PUT", url, body, key)}
+    url, signed = _signed("PUT", url, body, key)
+    headers = {"Content-Type": "application/json", **signed}
     req = urllib.request.Request(url, data=body, method="PUT", headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return _decode_body(url, resp.read(MAX_BODY))

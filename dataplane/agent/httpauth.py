@@ -1,10 +1,12 @@
 """Requests to an agent's HTTP endpoints that prove they hold the PDPair's pairing key.
 
 A request carries ``X-PDPair-Auth: <unix seconds>:<hex HMAC-SHA256(key, METHOD \\n PATH \\n seconds
-\\n hex(sha256(body)))>`` (PATH without the query). The agent accepts it within ``WINDOW`` seconds of
-its own clock, and each MAC once: a captured request cannot be replayed. The replay memory holds only
-MACs that verified (a stranger cannot fill it) and forgets them once they are out of the window; it is
-bounded all the same (``MAX_REMEMBERED``: then refuses until entries expire). The key never travels.
+\\n hex(sha256(body)))>``, PATH being the request target as sent (the query included). The agent
+accepts it within ``WINDOW`` seconds of its own clock, and each MAC once: a captured request cannot
+be replayed. Signers add a random ``nonce`` query parameter (``http._signed``), so two identical
+requests in one second still differ. The replay memory holds only MACs that verified (a stranger
+cannot fill it) and forgets them once they are out of the window; it is bounded all the same
+(``MAX_REMEMBERED``: then refuses until entries expire). The key never travels.
 
 Used for ``PUT /ranks`` (a rank's announcement) and for the full ``/status`` and ``/topology``; without
 a valid header those endpoints answer only what a stranger may know.
