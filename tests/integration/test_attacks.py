@@ -4,6 +4,8 @@ the pair kept serving, every room verified."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dataplane.bench import attacks as a
@@ -25,6 +27,7 @@ def test_metadata_naming_1100_unregistered_ports_leaves_descriptors_bounded_and_
     f = a.unregistered_ports(pair)
     assert f.figures["handled"] and f.figures["live"], f.outcome
     assert f.figures["fds_after"] <= f.figures["fd_bound"], f.outcome
+    assert f.figures["fds_after"] - f.figures["fds_before"] <= 64, f.outcome
     assert f.figures["control"]["open_sockets"] <= a.STRANGER_SOCKETS + 1, f.figures["control"]
     kept_serving(f)
     assert f.passed
@@ -34,6 +37,7 @@ def test_sixteen_messages_at_the_cap_and_sixteen_of_60_mb_leave_rss_bounded(pair
     f = a.big_messages(pair)
     assert f.figures["cap"] < 2 << 20  # the qwen3-next test pair's schema needs about 1 MiB
     assert f.figures["rejected_at_cap"] == 16 and f.figures["live"], f.outcome
+    assert f.figures["60mb_reached_worker"] == 0, f.outcome  # over the cap: ZMQ drops them unread
     for peak in (f.figures["peak_at_cap"], f.figures["peak_60mb"]):
         assert peak - f.figures["rss_before"] <= f.figures["rss_bound"], f.outcome
     kept_serving(f)
@@ -66,8 +70,18 @@ def test_every_listener_of_an_agent_told_127_0_0_1_is_on_127_0_0_1(pair):
     assert f.passed
 
 
+def test_a_process_of_another_uid_on_the_local_api_is_refused_and_the_engine_then_served(pair):
+    if os.getuid() != 0:
+        pytest.skip("acting as another uid needs root; test_localapi_server checks the refusal as any user")
+    f = a.local_api_stranger(pair)
+    assert f.figures["answer"].startswith("forbidden: uid 65534 may not use"), f.outcome
+    assert f.figures["logged"] and f.figures["engine_exit"] == 0, f.outcome
+    assert f.figures["counts"]["verified"] == 12 and f.figures["counts"].get("failed", 0) == 0, f.figures
+    assert f.passed
+
+
 def test_the_table_has_a_row_per_attack():
     finding = a.Finding("x", "y", "z", False)
     rows = a.table([finding]).splitlines()
     assert rows[0] == "| attack | outcome | bound | held |" and rows[2] == "| x | y | z | NO |"
-    assert len(a.ATTACKS) >= 6
+    assert len(a.ATTACKS) >= 7
