@@ -289,7 +289,7 @@ def log_flood(pair: Pair) -> Finding:
     serving, after = pair.kept_serving(before)
     return Finding(
         "10,000 malformed messages",
-        f"{rejected} dropped and counted (pdpair_agent_rejected_messages_total), {lines} log lines",
+        f"{rejected} dropped and counted (pdpair_agent_rejected_messages_total), {lines} warnings logged",
         "one warning per kind per 10 s (<= 10 lines here)",
         done and rejected == 10_000 and lines <= 10 and serving,
         {"rejected": rejected, "log_lines": lines, "kept_serving": serving, "served_after": after},
