@@ -455,18 +455,21 @@ def local_api_stranger(_: Pair) -> Finding:
             code = decode.proc.wait(120)
             counts = decode.report()["counts"]
             log = pair.agents["prefill"].log_tail(200)
+            pair.agents["prefill"].wait_ready(30)
+            counted = int(pair.agents["prefill"].status()["local_api"]["refused"])
         finally:
             pair.stop()
     refused = answer.startswith("forbidden: ") and f"uid {STRANGER_UID} may not use" in answer
     served = code == 0 and counts.get("verified") == 12 and counts.get("failed", 0) == 0
-    logged = "refused a connection (1 so far)" in log
+    logged = "refused a connection (1 so far)" in log and counted == 1
     return Finding(
         name,
-        f"stranger told {answer[:70]!r}...; refusal logged: {logged}; then the engine's 12 rooms "
+        f"stranger told {answer[:70]!r}...; refusal logged and counted: {logged}; then the engine's 12 rooms "
         f"verified: {served}",
         "only allowed uids (the agent's own by default) are served; socket mode 0660 with a group, else 0600",
         refused and logged and served,
-        {"ran": True, "answer": answer, "counts": counts, "engine_exit": code, "logged": logged},
+        {"ran": True, "answer": answer, "counts": counts, "engine_exit": code, "logged": logged,
+         "counted": counted},
     )
 
 

@@ -75,7 +75,7 @@ def test_a_process_of_another_uid_on_the_local_api_is_refused_and_the_engine_the
         pytest.skip("acting as another uid needs root; test_localapi_server checks the refusal as any user")
     f = a.local_api_stranger(pair)
     assert f.figures["answer"].startswith("forbidden: uid 65534 may not use"), f.outcome
-    assert f.figures["logged"] and f.figures["engine_exit"] == 0, f.outcome
+    assert f.figures["logged"] and f.figures["counted"] == 1 and f.figures["engine_exit"] == 0, f.outcome
     assert f.figures["counts"]["verified"] == 12 and f.figures["counts"].get("failed", 0) == 0, f.figures
     assert f.passed
 
