@@ -182,10 +182,15 @@ def _address(hex_address: str) -> str:
     return f"[{socket.inet_ntop(socket.AF_INET6, words)}]:{int(port, 16)}"
 
 
-def _processed(control: dict[str, Any]) -> int:
-    """Messages the worker has dealt with that a stranger can cause: dropped as unusable, or
-    answered through a socket to a non-peer (opened and later evicted)."""
-    return int(control["evicted_sockets"]) + int(control["open_sockets"]) + sum(control["rejected"].values())
+def _processed(status: dict[str, Any]) -> int:
+    """Messages the worker has dealt with that a stranger can cause: dropped as unusable, refused
+    (the ``refusals`` counts by reason, where the agent keeps them), or answered through a socket to
+    a non-peer (opened and later evicted)."""
+    control = status["control"]
+    refusals = status.get("refusals")
+    refused = sum(v for v in refusals.values() if isinstance(v, int)) if isinstance(refusals, dict) else 0
+    return (int(control["evicted_sockets"]) + int(control["open_sockets"]) + sum(control["rejected"].values())
+            + refused)
 
 
 def _wait(pred: Callable[[], bool], timeout: float) -> bool:
@@ -202,7 +207,7 @@ def _wait(pred: Callable[[], bool], timeout: float) -> bool:
 @attack("metadata naming 1,100 unregistered decode ports")
 def unregistered_ports(pair: Pair) -> Finding:
     before, fds0 = pair.served(), pair.fds(pair.prefill)
-    start = _processed(pair.control(pair.prefill))
+    start = _processed(pair.prefill.status())
     sock = pair.push(pair.prefill)
     empty = np.empty(0, dtype=np.int32)
     for i in range(1100):
@@ -211,7 +216,7 @@ def unregistered_ports(pair: Pair) -> Finding:
             dst_kv_indices=np.array([0], dtype=np.int32), dst_state_indices=(empty,),
         )
         sock.send_multipart(encode_metadata(md))
-    done = _wait(lambda: _processed(pair.control(pair.prefill)) - start >= 1100, 60.0)
+    done = _wait(lambda: _processed(pair.prefill.status()) - start >= 1100, 60.0)
     time.sleep(0.5)  # ZMQ's reaper closes evicted sockets' descriptors on its own thread
     fds1, control = pair.fds(pair.prefill), pair.control(pair.prefill)
     sock.close(linger=0)
