@@ -371,7 +371,8 @@ class Pushers:
         """A new socket to ``address`` within the bounds, or None (no room, or ZMQ refused one)."""
         if not self.keep(address):
             strangers = [a for a in self._socks if not self.keep(a)]
-            for old in strangers[: max(0, len(strangers) - STRANGER_SOCKETS + 1)]:
+            excess = len(strangers) - STRANGER_SOCKETS + 1
+            for old in strangers[:excess] if excess > 0 else []:
                 self.evicted += 1
                 self._socks.pop(old).close(linger=0)
         if len(self._socks) >= MAX_SOCKETS:
