@@ -156,7 +156,7 @@ class RoleWorker(abc.ABC):
         """``time.monotonic()`` until which the loop polls without sleeping, whatever
         ``transfer.spinMicroseconds`` says (the sidecar awaiting its engine's answer)."""
         self.rejected: dict[str, int] = {}
-        """Messages dropped as unusable, by kind (``rejected``): counted, their warnings throttled."""
+        """Messages dropped as unusable, by kind (``rejected_message``): their warnings are throttled."""
         self._throttle = LogThrottle()
         self.setup()
 
