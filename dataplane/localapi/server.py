@@ -69,6 +69,8 @@ PUMP_READS = 2
 """Reads one ``Session.pump`` makes at most (each up to ``frames.READ_CHUNK``): a flood of requests
 cannot keep the worker from its other work; what is left is read in its next turn."""
 WORKER_REQUESTS = (Send, Expect, Abort, Poll)
+MAX_UNIX_PATH = 107
+"""Longest path a Unix socket address holds (Linux: 108 bytes with the terminating NUL)."""
 _UCRED = struct.Struct("3i")
 """``struct ucred``: pid, uid, gid."""
 Submit = Callable[[Command], None]
@@ -258,15 +260,18 @@ class LocalApiServer:
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        # Bound under a private name, given its mode, then moved into place: never reachable wider.
-        staging = f"{self.socket_path}.{os.getpid()}.tmp"
+        # Bound under a private name, given its mode, then moved into place: never reachable wider
+        # (a path too long for a suffix is bound in place; the uid check still admits nobody else).
+        fits = len(os.fsencode(self.socket_path)) + len(".new") <= MAX_UNIX_PATH
+        staging = f"{self.socket_path}.new" if fits else self.socket_path
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staging)
         sock.bind(staging)
         if self.group is not None:
             os.chown(staging, -1, self.group)
         os.chmod(staging, 0o660 if self.group is not None else 0o600)
-        os.replace(staging, self.socket_path)
+        if staging != self.socket_path:
+            os.replace(staging, self.socket_path)
         sock.listen(4)
         sock.settimeout(0.2)
         self._listener = sock

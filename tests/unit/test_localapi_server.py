@@ -342,7 +342,7 @@ def test_socket_file_admits_only_its_owner(tmp_path):
     try:
         mode = os.stat(server.socket_path).st_mode & 0o777
         assert mode == 0o600, oct(mode)
-        assert not list(tmp_path.glob("*.tmp"))  # bound under a private name, moved into place
+        assert not list(tmp_path.glob("*.new"))  # bound under a private name, moved into place
     finally:
         server.stop()
     grouped = LocalApiServer(str(tmp_path / "g.sock"), Recorder(), group=os.getgid()).start()
@@ -351,6 +351,14 @@ def test_socket_file_admits_only_its_owner(tmp_path):
         assert (st.st_mode & 0o777, st.st_gid) == (0o660, os.getgid())
     finally:
         grouped.stop()
+    longest = str(tmp_path / "s")
+    longest += "x" * (107 - len(longest))  # no room for a suffix: bound in place, same mode
+    assert len(os.fsencode(longest)) == 107
+    server = LocalApiServer(longest, Recorder()).start()
+    try:
+        assert os.stat(longest).st_mode & 0o777 == 0o600
+    finally:
+        server.stop()
 
 
 def test_a_process_of_another_uid_is_refused_clearly_and_the_engine_still_gets_in(tmp_path):
