@@ -74,7 +74,9 @@ class NixlConfig(_Base, frozen=True):
     ucx_tls: str | None = None
     """Value for UCX_TLS (e.g. ``tcp``); None keeps UCX's default (CMA / shared memory on one host)."""
     ucx_net_devices: str | None = None
-    """Value for UCX_NET_DEVICES (``lo`` pins UCX to loopback); None keeps UCX's default."""
+    """Value for UCX_NET_DEVICES (``lo`` pins UCX to loopback). None: the interface holding
+    ``listen.host`` and the host's RDMA ports, so UCX's TCP transport listens only on the agent's
+    address (``transports.netdevs``); UCX's default (every device) where no interface holds it."""
     num_threads: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     """NIXL's own backend threads (``num_threads``, with every request handed to them: UCX's
     ``split_batch_size`` 1). A post then returns once the thread has issued the writes and the copy
@@ -213,6 +215,11 @@ class EngineConfig(_Base, frozen=True):
     socket_path: str = "/var/run/pdpair/agent.sock"
     """The local API's Unix socket, in a volume the engine's and the agent's containers share."""
     max_frame_bytes: int = 4 << 20
+    allowed_uids: list[int] = []
+    """The uids whose processes may use the local API socket (checked on connect, ``SO_PEERCRED``);
+    empty: the agent's own uid (engine and agent containers run as the same user)."""
+    socket_group: int | None = None
+    """A gid for the socket file, which that group may then open too (mode 0660); unset: 0600."""
     reply_spin_microseconds: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 200
     """After pushing the engine a state it answers (a room finished; prefill: decode asked for a room),
     the role worker polls without sleeping this long for the answer (the next ``Expect`` or ``Send``):

@@ -6,6 +6,10 @@ process instance, the generation and a manifest summary. Ranks above 0 announce 
 
 Each process gets a fresh ``instance`` id when it starts: decode compares instances to notice a prefill
 replaced behind the same bootstrap address (the sglang PR #34289 failure) and re-handshakes.
+
+With a pairing key both endpoints are for key holders (``httpauth``): ``PUT /ranks`` needs a signed
+request, and an unsigned ``GET /topology`` gets only the public part (``PublicTopology``: model, TP
+size, generation, whether every rank is known) — no address, agent id or instance to aim at.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import msgspec
 
 from ..errors import WireFormatError
 from .http import Handler, Reply, Request, get_json, put_json
+from .httpauth import HEADER
 
 
 class RankInfo(msgspec.Struct, frozen=True):
@@ -46,6 +51,16 @@ class Topology(msgspec.Struct, frozen=True):
             if info.rank == r:
                 return info
         raise WireFormatError(f"topology has no prefill rank {r} (ranks: {[i.rank for i in self.ranks]})")
+
+
+class PublicTopology(msgspec.Struct, frozen=True):
+    """What ``/topology`` tells a caller that did not prove the pairing key."""
+
+    model: str
+    generation: str
+    tp_size: int
+    complete: bool
+    components: tuple[tuple[str, str], ...] = ()
 
 
 _rank_decoder = msgspec.json.Decoder(RankInfo)
@@ -79,10 +94,17 @@ class BootstrapRegistry:
             self._ranks[info.rank] = info
 
     def routes(self) -> dict[tuple[str, str], Handler]:
-        def topology(_: Request) -> Reply:
-            return Reply(200, msgspec.json.encode(self.topology()))
+        def topology(req: Request) -> Reply:
+            topo = self.topology()
+            if req.authenticated:
+                return Reply(200, msgspec.json.encode(topo))
+            public = PublicTopology(topo.model, topo.generation, topo.tp_size, topo.complete, topo.components)
+            return Reply(200, msgspec.json.encode(public))
 
         def ranks(req: Request) -> Reply:
+            if not req.authenticated:
+                why = f"PUT /ranks needs {HEADER} signed with the PDPair's pairing key"
+                return Reply.json({"error": why}, 401)
             try:
                 self.announce(_rank_decoder.decode(req.body))
             except (msgspec.DecodeError, msgspec.ValidationError, WireFormatError) as exc:
@@ -92,14 +114,22 @@ class BootstrapRegistry:
         return {("GET", "/topology"): topology, ("PUT", "/ranks"): ranks}
 
 
-def fetch_topology(host: str, port: int, timeout: float = 2.0) -> Topology:
-    """Decode's query; raises ``WireFormatError`` on a malformed answer, ``OSError`` when unreachable."""
-    raw = get_json(f"http://{host}:{port}/topology", timeout=timeout)
+def fetch_topology(host: str, port: int, timeout: float = 2.0, key: bytes | None = None) -> Topology:
+    """Decode's query, signed with ``key`` (the pairing key, when the PDPair has one); raises
+    ``WireFormatError`` on a malformed answer, ``OSError`` when unreachable or refused."""
+    raw = get_json(f"http://{host}:{port}/topology", timeout=timeout, key=key)
+    if isinstance(raw, dict) and "ranks" not in raw and "complete" in raw:
+        raise WireFormatError(
+            f"bootstrap {host}:{port} gave only its public topology: "
+            "set auth.keyFile to the PDPair's pairing key"
+        )
     try:
         return _topology_decoder.decode(msgspec.json.encode(raw))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireFormatError(f"bootstrap {host}:{port}: bad topology: {exc}") from exc
 
 
-def announce_rank(host: str, port: int, info: RankInfo, timeout: float = 2.0) -> None:
-    put_json(f"http://{host}:{port}/ranks", msgspec.to_builtins(info), timeout=timeout)
+def announce_rank(
+    host: str, port: int, info: RankInfo, timeout: float = 2.0, key: bytes | None = None
+) -> None:
+    put_json(f"http://{host}:{port}/ranks", msgspec.to_builtins(info), timeout=timeout, key=key)

@@ -30,7 +30,25 @@ from .lanes import Lanes
 log = logging.getLogger("pdpair.agent.control")
 
 MAX_MESSAGE = 64 * 1024 * 1024
-"""Largest multipart message accepted (registration with many descriptors stays far below)."""
+"""Ceiling of any agent's message budget (``message_budget``): no schema asks for more."""
+MIN_MESSAGE = (1 << 20) + (64 << 10)
+"""Floor of the budget: a ``Staged`` control message (``codec.control.MAX_CONTROL_BYTES``) and framing."""
+REGISTRATION_BASE = 64 << 10
+"""A registration's frames besides its per-region parts (guard, endpoint, ids, manifest), generously."""
+REGION_BYTES = 1024
+"""A registration's bytes per registered region: its descriptor blob (19 B with UCX), its share of
+the engine descriptor (44 B with UCX over TCP/shared memory; an RDMA key per device is ~100 B more)
+and of the per-layer lists, with room to spare."""
+INDEX_BYTES = 8
+"""Per item index in a room's metadata (int32 on the wire: twice that, for the decimal lists)."""
+CONNECTION_BUDGET = 64 << 20
+"""Bytes one connection may have queued in the inbox: ZMQ's receive high-water mark is
+``CONNECTION_BUDGET // budget`` messages (a sender is then held back by TCP, its own queue fills)."""
+MAX_SOCKETS = 256
+"""Most outgoing sockets at once: far above the peers a pairing has (prefill TP x decode TP ranks)."""
+STRANGER_SOCKETS = 8
+"""Most outgoing sockets to addresses that are not paired peers (a registration's first answer,
+a failed room's status): the least recently opened one is closed to make room."""
 HWM = 10_000
 WAKE = b"PDPAIR-WAKE"
 """One-frame message another thread of this process pushes to ``Inbox.wake_address``: "look again"."""
@@ -47,6 +65,16 @@ def tcp(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
+def message_budget(regions: int, items: int) -> int:
+    """The largest control message an agent accepts: its peer's registration (``regions``
+    registered regions, two per one of ours for a peer of another TP layout) or a room's metadata
+    naming every one of the agent's ``items`` (pages and slots of all pools: a room cannot use
+    more), whichever is larger, between ``MIN_MESSAGE`` and ``MAX_MESSAGE``."""
+    registration = REGISTRATION_BASE + 2 * regions * REGION_BYTES
+    metadata = REGISTRATION_BASE + items * INDEX_BYTES
+    return min(MAX_MESSAGE, max(MIN_MESSAGE, registration, metadata))
+
+
 class Inbox:
     """The agent's bound PULL socket. ``port`` is the bound port (config 0 picks a free one).
 
@@ -57,12 +85,16 @@ class Inbox:
     receive — per room, when the posting thread hands back each copy. ``lanes``: the direct lanes to
     read beside the socket (their messages come out of ``recv`` and ``drain`` alike)."""
 
-    def __init__(self, ctx: zmq.Context, host: str, port: int = 0, lanes: Lanes | None = None):
+    def __init__(
+        self, ctx: zmq.Context, host: str, port: int = 0, lanes: Lanes | None = None,
+        max_message: int = MAX_MESSAGE,
+    ):
         self._ctx = ctx
         self._sock = ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, HWM)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+        self._sock.setsockopt(zmq.RCVHWM, max(16, min(HWM, CONNECTION_BUDGET // max_message)))
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+        self.max_message = max_message
         if port:
             self._sock.bind(tcp(host, port))
             self.port = port
@@ -277,7 +309,13 @@ class Waker:
 
 class Pushers:
     """PUSH sockets to peers' inboxes, one per address, created on first use; a peer's direct lane
-    instead, while it has one."""
+    instead, while it has one.
+
+    The sockets are bounded by the peers: ``keep`` says which addresses are paired peers (the role
+    sets it), at most ``STRANGER_SOCKETS`` others are open at once (the oldest is closed for a new
+    one) and at most ``MAX_SOCKETS`` in all, so messages naming a thousand addresses cannot exhaust
+    the process's descriptors or ZMQ's sockets. A send never raises: a ZMQ error (a full queue, no
+    socket to be had) is a dropped message, counted by reason."""
 
     def __init__(self, ctx: zmq.Context, lanes: Lanes | None = None):
         self._ctx = ctx
@@ -288,12 +326,23 @@ class Pushers:
         self._dropped = 0
         self.seal: Callable[[str, list[bytes]], list[bytes]] | None = None
         """Adds the seal of the peer's pairing to each message (``peerauth.PeerAuth.seal``)."""
+        self.drops: dict[str, int] = {}
+        """Dropped messages by reason (``queue_full``, ``no_socket``, ``send_error``)."""
+        self.evicted = 0
+        """Sockets to non-peers closed to make room for another."""
+        self._throttle = LogThrottle()
+        self.keep: Callable[[str], bool] = _nobody
+        """Whether an address is a paired peer, whose socket is never closed to make room."""
         self.last_send = 0.0
         """``time.monotonic()`` of the latest send (the role worker spins a while after one)."""
 
     @property
     def dropped(self) -> int:
         return self._dropped + (self.lanes.dropped if self.lanes is not None else 0)
+
+    @property
+    def open_sockets(self) -> int:
+        return len(self._socks)
 
     def send(self, address: str, frames: list[bytes], unsealed: bool = False) -> bool:
         """Queue ``frames`` for ``address`` without blocking; False (and counted) when the queue is full.
@@ -319,18 +368,48 @@ class Pushers:
     def _zmq_send(self, address: str, frames: list[bytes]) -> bool:
         sock = self._socks.get(address)
         if sock is None:
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, HWM)
-            sock.connect(address)
-            self._socks[address] = sock
+            sock = self._open(address)
+            if sock is None:
+                return self._drop("no_socket", address)
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
-            self._dropped += 1
-            log.warning("control: queue to %s full, message dropped", address)
-            return False
+            return self._drop("queue_full", address)
+        except zmq.ZMQError:
+            return self._drop("send_error", address)
         return True
+
+    def _open(self, address: str) -> zmq.Socket | None:
+        """A new socket to ``address`` within the bounds, or None (no room, or ZMQ refused one)."""
+        if not self.keep(address):
+            strangers = [a for a in self._socks if not self.keep(a)]
+            excess = len(strangers) - STRANGER_SOCKETS + 1
+            for old in strangers[:excess] if excess > 0 else []:
+                self.evicted += 1
+                self._socks.pop(old).close(linger=0)
+        if len(self._socks) >= MAX_SOCKETS:
+            return None
+        try:
+            sock = self._ctx.socket(zmq.PUSH)
+        except zmq.ZMQError:
+            return None
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, HWM)
+            sock.connect(address)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            return None
+        self._socks[address] = sock
+        return sock
+
+    def _drop(self, reason: str, address: str) -> bool:
+        self._dropped += 1
+        self.drops[reason] = self.drops.get(reason, 0) + 1
+        held = self._throttle.allow(f"{reason} {address}")
+        if held >= 0:
+            log.warning("control: message to %s dropped (%s; %d more held back)", address, reason, held)
+        return False
 
     def forget(self, address: str) -> None:
         """Drop the socket and lane (a replaced peer): queued messages for the old process are discarded."""
@@ -343,6 +422,33 @@ class Pushers:
     def close(self) -> None:
         for address in list(self._socks):
             self.forget(address)
+
+
+class LogThrottle:
+    """Repeated warnings of one kind from one source: the first is logged, then at most one per
+    ``interval`` seconds saying how many were held back; every one is still counted by the caller.
+    At most ``max_keys`` sources are tracked (then forgotten all at once: a flood of new sources
+    logs again, at most ``max_keys`` lines per ``interval``)."""
+
+    def __init__(self, interval: float = 10.0, max_keys: int = 1024):
+        self.interval, self.max_keys = interval, max_keys
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def allow(self, key: str) -> int:
+        """-1: hold this one back; else log it, adding that this many were held back before it."""
+        now = time.monotonic()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.interval:
+            self._seen[key] = (last[0], last[1] + 1)
+            return -1
+        if last is None and len(self._seen) >= self.max_keys:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return last[1] if last is not None else 0
+
+
+def _nobody(address: str) -> bool:
+    return False
 
 
 class _Corked:

@@ -98,6 +98,9 @@ class DecodeWorker(RoleWorker):
 
     def setup(self) -> None:
         self.peers: dict[int, PrefillPeer] = {}
+        self.pushers.keep = self.is_peer  # the prefill ranks' sockets are never evicted
+        self.http_key = self.cfg.auth.read_key()
+        """Signs the bootstrap queries (the full ``/topology`` is for key holders)."""
         self.required: list[int] = []
         self._topology: Topology | None = None
         self._topology_error = ""
@@ -153,7 +156,8 @@ class DecodeWorker(RoleWorker):
         while not stop.is_set():
             try:
                 topo = fetch_topology(
-                    self.cfg.peer.bootstrap_host, self.cfg.peer.bootstrap_port, timeout=interval
+                    self.cfg.peer.bootstrap_host, self.cfg.peer.bootstrap_port, timeout=interval,
+                    key=self.http_key,
                 )
                 with self._topology_lock:
                     self._topology, self._topology_error = topo, ""
@@ -187,6 +191,10 @@ class DecodeWorker(RoleWorker):
                 info.instance,
                 info.host,
             )
+
+    def is_peer(self, address: str) -> bool:
+        """``address`` is one of the prefill ranks this decode pairs with (from the topology)."""
+        return any(p.address == address for p in self.peers.values())
 
     def lose(self, peer: PrefillPeer, reason: str) -> None:
         """The peer is gone: fail its rooms now, mark it down."""

@@ -6,6 +6,9 @@
   refusals by reason and the ``recent`` handshake refusals (both sides record them with the precise
   reason), rooms and per-component statistics.
 
+A caller that did not prove the pairing key (``Request.authenticated``) gets ``public_status``: the
+same figures without a peer's address, label, agent id or instance.
+
 Readiness transitions and refusals are forwarded to an optional pod-condition reporter (only when the
 agent runs in a pod), so the operator sees ``pdpair.io/TransferReady`` with the same reason; the
 authentication refusals go to a second one, ``pdpair.io/PeerRefusals`` (at most once per
@@ -17,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,6 +32,41 @@ MAX_REFUSALS = 32
 REFUSAL_REPORT_EVERY = 5.0
 PEER_REFUSALS_CONDITION = "pdpair.io/PeerRefusals"
 AUTH_REASONS = ("unauthenticated", "bad_mac", "replay", "foreign_pdpair")
+_PRIVATE = ("agent", "instance", "bootstrap_error")
+"""Top-level ``/status`` fields only key holders see (ids to aim at, error text naming addresses)."""
+
+
+def _counts(value: Any) -> Any:
+    """The numbers of a nested dict (counts by reason, say), without its strings."""
+    if isinstance(value, dict):
+        return {k: _counts(v) for k, v in value.items() if isinstance(v, int | float | dict)}
+    return value
+
+
+def public_status(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` as a stranger may see it: peers and prefill ranks only as counts by state,
+    refusals as counts, lanes and staging peers as counts, failed rooms without their peer and reason;
+    no address, label or id."""
+    out = {k: v for k, v in snapshot.items() if k not in _PRIVATE}
+    out["peers"] = dict(Counter(p.get("state", "") for p in snapshot.get("peers", {}).values()))
+    refusals = snapshot.get("refusals")
+    if isinstance(refusals, list):
+        out["refusals"] = dict(Counter(r.get("refused_by", "") for r in refusals))
+    elif refusals is not None:
+        out["refusals"] = _counts(refusals)
+    rooms = snapshot.get("rooms")
+    if isinstance(rooms, dict) and "recent_failures" in rooms:
+        failed = [{"room": f.get("room"), "after_seconds": f.get("after_seconds")}
+                  for f in rooms["recent_failures"]]
+        out["rooms"] = {**rooms, "recent_failures": failed}
+    if "prefill" in snapshot:
+        out["prefill"] = dict(Counter(p.get("state", "") for p in snapshot["prefill"].values()))
+    if "lanes" in snapshot:
+        lanes = snapshot["lanes"]
+        out["lanes"] = {"up": len(lanes.get("up", ())), "fallbacks": lanes.get("fallbacks", 0)}
+    if "staged" in snapshot:
+        out["staged"] = {k: (len(v) if isinstance(v, list) else v) for k, v in snapshot["staged"].items()}
+    return out
 
 
 class ConditionReporter(Protocol):
@@ -172,6 +210,8 @@ class AgentStatus:
         return {
             ("GET", "/healthz"): healthz,
             ("GET", "/readyz"): readyz,
-            ("GET", "/status"): lambda _: Reply.json(self.snapshot()),
+            ("GET", "/status"): lambda req: Reply.json(
+                self.snapshot() if req.authenticated else public_status(self.snapshot())
+            ),
             ("GET", "/metrics"): lambda _: Reply(200, metrics(), content_type),
         }

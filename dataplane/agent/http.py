@@ -5,12 +5,17 @@ One stdlib ``ThreadingHTTPServer`` bound to an explicit address (never 0.0.0.0 b
 are plain functions from the request to ``Reply`` that never block on the agent's workers: they read
 snapshots. The server is bounded: at most ``MAX_CONCURRENT`` requests at once (503 beyond), bodies of
 at most ``MAX_BODY`` bytes, and a socket timeout so a slow client cannot pin a thread.
+
+With a ``Verifier`` (the agent has a pairing key), a request is ``authenticated`` only with a valid
+``X-PDPair-Auth`` header (``httpauth``; an invalid one is refused with 401 and the reason); handlers
+then decide what a stranger gets. Without one (no key configured) every request counts as authenticated.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import WireFormatError
+from .httpauth import HEADER, Verifier, sign
 
 log = logging.getLogger("pdpair.agent.http")
 
@@ -48,6 +54,8 @@ class Request:
     path: str
     query: dict[str, list[str]]
     body: bytes
+    authenticated: bool = True
+    """The caller proved the pairing key (or the agent has none): it may see and change everything."""
 
 
 Handler = Callable[[Request], Reply]
@@ -56,8 +64,12 @@ Handler = Callable[[Request], Reply]
 class AgentHttpServer:
     """Routes ``(method, path)`` to handlers; ``port`` is the bound port (0 in the config picks one)."""
 
-    def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Handler], name: str = "http"):
+    def __init__(
+        self, host: str, port: int, routes: dict[tuple[str, str], Handler], name: str = "http",
+        verifier: Verifier | None = None,
+    ):
         self.routes = dict(routes)
+        self.verifier = verifier
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -110,7 +122,16 @@ class AgentHttpServer:
                     self._send(Reply.json({"error": f"body over {MAX_BODY} bytes"}, 413))
                     return
                 body = self.rfile.read(length) if length else b""
-                self._send(server.dispatch(Request(method, parts.path, parse_qs(parts.query), body)))
+                authenticated = server.verifier is None
+                header = self.headers.get(HEADER)
+                if header is not None and server.verifier is not None:
+                    why = server.verifier.check(method, self.path, body, header)  # path and query
+                    if why:
+                        self._send(Reply.json({"error": why}, 401))
+                        return
+                    authenticated = True
+                request = Request(method, parts.path, parse_qs(parts.query), body, authenticated)
+                self._send(server.dispatch(request))
 
             def _send(self, reply: Reply) -> None:
                 self.send_response(reply.status)
@@ -142,19 +163,33 @@ def _decode_body(url: str, body: bytes) -> Any:
         raise WireFormatError(f"{url} answered with a body that is not JSON ({len(body)} bytes)") from exc
 
 
-def get_json(url: str, timeout: float = 2.0) -> Any:
-    """GET ``url`` and decode JSON (the decode side's bootstrap query; tests)."""
+def _signed(method: str, url: str, body: bytes, key: bytes | None) -> tuple[str, dict[str, str]]:
+    """``url`` with a fresh ``nonce`` query parameter and the header signing it (``httpauth``): two
+    identical requests in one second must still differ, as each signature is accepted once."""
+    if key is None:
+        return url, {}
+    url = f"{url}{'&' if '?' in url else '?'}nonce={secrets.token_hex(8)}"
+    parts = urlsplit(url)
+    return url, {HEADER: sign(key, method, f"{parts.path}?{parts.query}", body)}
+
+
+def get_json(url: str, timeout: float = 2.0, key: bytes | None = None) -> Any:
+    """GET ``url`` and decode JSON (the decode side's bootstrap query; tests); ``key``: sign the
+    request with the pairing key (the full ``/status`` and ``/topology``)."""
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+    url, headers = _signed("GET", url, b"", key)
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return _decode_body(url, resp.read(MAX_BODY * 16))
 
 
-def put_json(url: str, value: Any, timeout: float = 2.0) -> Any:
+def put_json(url: str, value: Any, timeout: float = 2.0, key: bytes | None = None) -> Any:
     import urllib.request
 
-    req = urllib.request.Request(
-        url, data=json.dumps(value).encode(), method="PUT", headers={"Content-Type": "application/json"}
-    )
+    body = json.dumps(value).encode()
+    url, signed = _signed("PUT", url, body, key)
+    headers = {"Content-Type": "application/json", **signed}
+    req = urllib.request.Request(url, data=body, method="PUT", headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return _decode_body(url, resp.read(MAX_BODY))

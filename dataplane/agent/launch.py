@@ -175,8 +175,13 @@ class AgentProcess:
     def url(self) -> str:
         return f"http://{self.ports['host']}:{self.ports['metrics_port']}"
 
+    @property
+    def key(self) -> bytes | None:
+        """The agent's pairing key, which signs the requests for its full ``/status``."""
+        return self.cfg.auth.read_key()
+
     def status(self, timeout: float = 2.0) -> dict[str, Any]:
-        return dict(get_json(self.url + "/status", timeout=timeout))
+        return dict(get_json(self.url + "/status", timeout=timeout, key=self.key))
 
     def log_tail(self, lines: int = 20) -> str:
         return tail(self.log_path, lines)

@@ -190,6 +190,12 @@ class AgentMetrics:
         self.engine_errors = Counter(
             PREFIX + "engine_errors", "Transfer-engine errors, by kind.", ("role", "kind"), registry=r
         )
+        self.rejected = Counter(
+            PREFIX + "rejected_messages",
+            "Control messages dropped as unusable (malformed, unknown peer...), by kind.",
+            ("role", "kind"),
+            registry=r,
+        )
         self.inflight = Gauge(PREFIX + "inflight_rooms", "Rooms not yet finished.", ("role",), registry=r)
         self.peer_up = Gauge(
             PREFIX + "peer_up", "1 while the peer is paired and alive.", ("role", "peer"), registry=r
@@ -243,6 +249,9 @@ class AgentMetrics:
 
     def record_engine_error(self, kind: str) -> None:
         self.engine_errors.labels(self.role, kind).inc()
+
+    def record_rejected(self, kind: str) -> None:
+        self.rejected.labels(self.role, kind).inc()
 
     def set_inflight(self, n: int) -> None:
         self._inflight.set(n)

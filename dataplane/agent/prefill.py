@@ -116,6 +116,7 @@ class PrefillWorker(RoleWorker):
 
     def setup(self) -> None:
         self.peers: dict[str, DecodePeer] = {}
+        self.pushers.keep = self.peers.__contains__  # paired decodes' sockets are never evicted
         self.forward = ForwardThread(self._fill, self.inbox.waker())
         tr = self.cfg.transfer
         self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
@@ -340,7 +341,7 @@ class PrefillWorker(RoleWorker):
             if dp is not None and dp.legacy_flat_state:
                 md = decode_metadata(frames, legacy_flat_state=True)
         except BadInput as exc:
-            log.warning("dropping malformed transfer metadata: %s", exc)
+            self.rejected_message("malformed_metadata", f"dropping malformed transfer metadata: {exc}")
             return
         if not self.admitted(dp, f"transfer metadata for {address}"):
             return  # nothing answers a stranger; a decode prefill dropped re-registers when our beats stop

@@ -40,7 +40,7 @@ from ..config import AgentConfig
 from ..errors import BadInput, PDPairError
 from ..schema import AUX_COMPONENT, KV_COMPONENT, RoleSchema
 from ..transports import Transport
-from .control import MAX_MESSAGE, WAKE, Inbox, Pushers
+from .control import WAKE, Inbox, LogThrottle, Pushers, message_budget
 from .health import AgentStatus
 from .lanes import Lanes
 from .metrics import AgentMetrics, reason_label
@@ -128,8 +128,11 @@ class RoleWorker(abc.ABC):
         self.generation = cfg.identity.generation
         self.manifest = manifest_from_schema(schema, role=self.role, generation=self.generation)  # type: ignore[arg-type]
         self.timeout = cfg.transfer.timeout_seconds
-        lanes = Lanes(cfg.listen.host, cfg.listen.lane_port, MAX_MESSAGE) if cfg.listen.lanes else None
-        self.inbox = Inbox(ctx, cfg.listen.host, cfg.listen.control_port, lanes)
+        items = schema.kv.num_pages + schema.aux.num_items + sum(c.num_items for c in schema.components)
+        self.max_message = message_budget(len(self.blobs), items)
+        """The largest control message accepted (``control.message_budget``), on ZMQ and lanes alike."""
+        lanes = Lanes(cfg.listen.host, cfg.listen.lane_port, self.max_message) if cfg.listen.lanes else None
+        self.inbox = Inbox(ctx, cfg.listen.host, cfg.listen.control_port, lanes, self.max_message)
         transport.waker = self.inbox.waker()
         if transport.wake_fd is not None:
             self.inbox.watch(transport.wake_fd)
@@ -160,6 +163,9 @@ class RoleWorker(abc.ABC):
         self.spin_until = 0.0
         """``time.monotonic()`` until which the loop polls without sleeping, whatever
         ``transfer.spinMicroseconds`` says (the sidecar awaiting its engine's answer)."""
+        self.rejected: dict[str, int] = {}
+        """Messages dropped as unusable, by kind (``rejected_message``): their warnings are throttled."""
+        self._throttle = LogThrottle()
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -244,11 +250,22 @@ class RoleWorker(abc.ABC):
         except AuthFailure as exc:
             self.auth.refused(exc.reason, str(exc))
         except PDPairError as exc:
-            log.warning("%s: dropping message: %s", self.role, exc)
+            self.rejected_message(type(exc).__name__, f"{self.role}: dropping message: {exc}")
         except Exception:
             # A bug handling one message must not take the agent down with every other room.
             log.exception("%s: error handling a control message", self.role)
             self.metrics.record_engine_error("internal")
+
+    def rejected_message(self, kind: str, warning: str) -> None:
+        """A message dropped as unusable: counted by ``kind`` (``/status``, metrics); its warning is
+        logged at most once per ``LogThrottle.interval`` per kind, so a flood cannot flood the logs."""
+        self.rejected[kind] = self.rejected.get(kind, 0) + 1
+        self.metrics.record_rejected(kind)
+        held = self._throttle.allow(kind)
+        if held > 0:
+            log.warning("%s (and %d more like it held back)", warning, held)
+        elif held == 0:
+            log.warning("%s", warning)
 
     @abc.abstractmethod
     def on_sglang(self, frames: list[bytes]) -> None:
@@ -338,6 +355,13 @@ class RoleWorker(abc.ABC):
 
     def snapshot(self) -> dict[str, Any]:
         out = {"rooms": self.rooms.snapshot(), "dropped_control_messages": self.pushers.dropped}
+        out["control"] = {
+            "max_message_bytes": self.max_message,
+            "rejected": dict(self.rejected),
+            "send_drops": dict(self.pushers.drops),
+            "open_sockets": self.pushers.open_sockets,
+            "evicted_sockets": self.pushers.evicted,
+        }
         cpu = self.metrics.worker_cpu.seconds()
         if cpu is not None:
             out["worker_cpu_seconds"] = round(cpu, 6)

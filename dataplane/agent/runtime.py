@@ -28,10 +28,12 @@ from ..errors import BadInput
 from ..schema import RoleSchema
 from ..schema.profiles import schema_from_config
 from ..transports import Transport
+from ..transports.netdevs import net_devices_for
 from .bootstrap import BootstrapRegistry, RankInfo, announce_rank
 from .decode import DecodeWorker
 from .health import PEER_REFUSALS_CONDITION, AgentStatus, ConditionReporter
 from .http import AgentHttpServer
+from .httpauth import Verifier
 from .metrics import CONTENT_TYPE, AgentMetrics
 from .pools import MemoryPools
 from .prefill import PrefillWorker
@@ -56,6 +58,8 @@ def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = 
     from ..transports.nixl import NixlTransport
 
     nixl = cfg.transfer.nixl.for_role(cfg.role, cfg.transfer.device)
+    if nixl.ucx_net_devices is None:  # UCX listens only where the agent does (``transports.netdevs``)
+        nixl = msgspec.structs.replace(nixl, ucx_net_devices=net_devices_for(cfg.listen.host))
     if cfg.transfer.device == "cuda":  # VRAM copies run on the GPU: no posting thread, no shared agent
         nixl = msgspec.structs.replace(nixl, post_thread=False)
     return NixlTransport(engine_name, nixl, sdk=sdk)
@@ -74,6 +78,8 @@ class AgentRuntime:
         transport_sdk: ModuleType | None = None,
     ):
         self.cfg = cfg
+        self.key = cfg.auth.read_key()
+        """The PDPair's pairing key (None: none configured): signs and checks the HTTP requests."""
         self.instance = uuid.uuid4().hex[:12]
         self.name = cfg.identity.pod_name or f"{cfg.role}-{cfg.tp_rank}"
         self.agent_id = f"{self.name}@{self.instance}"
@@ -142,7 +148,10 @@ class AgentRuntime:
     def start(self) -> AgentRuntime:
         listen = self.cfg.listen
         health = self.status.routes(self.metrics.exposition, CONTENT_TYPE)
-        self.servers.append(AgentHttpServer(listen.host, listen.metrics_port, health, "metrics").start())
+        verifier = Verifier(self.key) if self.key is not None else None
+        self.servers.append(
+            AgentHttpServer(listen.host, listen.metrics_port, health, "metrics", verifier).start()
+        )
         if self.cfg.role == "prefill" and self.cfg.tp_rank == 0:
             comps = tuple((c.name, c.state_type) for c in self.schema.components)
             self.registry = BootstrapRegistry(
@@ -150,7 +159,7 @@ class AgentRuntime:
             )
             routes = {**health, **self.registry.routes()}
             self.servers.append(
-                AgentHttpServer(listen.host, listen.bootstrap_port, routes, "bootstrap").start()
+                AgentHttpServer(listen.host, listen.bootstrap_port, routes, "bootstrap", verifier).start()
             )
         elif self.cfg.role == "prefill":
             threading.Thread(target=self._announce, name="pdpair-announce", daemon=True).start()
@@ -163,7 +172,7 @@ class AgentRuntime:
         peer, info = self.cfg.peer, self._rank_info()
         while not self.stop_event.is_set():
             try:
-                announce_rank(peer.bootstrap_host, peer.bootstrap_port, info)
+                announce_rank(peer.bootstrap_host, peer.bootstrap_port, info, key=self.key)
             except OSError as exc:
                 log.debug("announcing rank %d: %s", info.rank, exc)
             self.stop_event.wait(self.cfg.transfer.heartbeat_interval_seconds)

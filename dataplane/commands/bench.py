@@ -62,6 +62,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that write JSON results")
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     _add_codec(sub)
+    _add_attacks(sub)
     t = sub.add_parser(
         "transfer",
         help="agent vs raw NIXL vs memcpy on the same blocks",
@@ -110,6 +111,32 @@ def register(subparsers: Any) -> None:
     t.add_argument("--record", type=output_file, metavar="FILE",
                    help="append the results as a dated section to FILE")
     t.set_defaults(handler=run)
+
+
+def _add_attacks(sub: Any) -> None:
+    """``bench attacks``: a stranger's attacks on a real loopback pair (``dataplane.bench.attacks``)."""
+    a = sub.add_parser(
+        "attacks",
+        help="attack a real loopback pair as a stranger would; print attack, outcome, bound",
+        description="Starts a prefill/decode pair on 127.0.0.1 with a pairing key, runs every attack "
+        "of dataplane.bench.attacks against it and prints a Markdown table (exit 1 if a bound broke).",
+    )
+    a.add_argument("--only", default=None, metavar="TEXT", help="only the attacks whose name contains TEXT")
+    a.add_argument("--json", action="store_true", help="print the findings as JSON, figures included")
+    a.set_defaults(handler=_attacks)
+
+
+def _attacks(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..bench.attacks import run_attacks, table
+
+    findings = run_attacks(args.only)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(f) for f in findings], indent=2, default=str))
+    else:
+        print(table(findings))
+    return 0 if findings and all(f.passed for f in findings) else 1
 
 
 def _add_codec(sub: Any) -> None:

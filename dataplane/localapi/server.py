@@ -10,6 +10,11 @@ stops reading loses its connection and never stalls the agent's worker. A malfor
 ``Error(code="frame_too_large")`` and the connection closes (the stream cannot be resynchronised).
 A second engine is refused with ``Error(code="busy")``.
 
+Only the engine may connect: the socket file admits its owner only (mode 0600; 0660 with a configured
+group), and each connection's peer credentials (``SO_PEERCRED``) must name an allowed uid (the
+agent's own by default, ``localapi.engine.allowedUids`` otherwise); any other process gets
+``Error(code="forbidden")`` naming its uid and the setting, and is counted (``refused``).
+
 Index checks happen here, before the worker sees a request: every index must be inside its pool, so
 nothing can be written outside the engine's registered regions. What the requests *do* is the
 ``EngineHandler``'s business (``sidecar.Sidecar``).
@@ -28,6 +33,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +69,10 @@ PUMP_READS = 2
 """Reads one ``Session.pump`` makes at most (each up to ``frames.READ_CHUNK``): a flood of requests
 cannot keep the worker from its other work; what is left is read in its next turn."""
 WORKER_REQUESTS = (Send, Expect, Abort, Poll)
+MAX_UNIX_PATH = 107
+"""Longest path a Unix socket address holds (Linux: 108 bytes with the terminating NUL)."""
+_UCRED = struct.Struct("3i")
+"""``struct ucred``: pid, uid, gid."""
 Submit = Callable[[Command], None]
 
 
@@ -222,9 +232,25 @@ class Session:
             self.reader.close_fds()
 
 
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (Linux ``SO_PEERCRED``)."""
+    _, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return int(uid)
+
+
 class LocalApiServer:
-    def __init__(self, socket_path: str, handler: EngineHandler, max_frame: int = DEFAULT_MAX_FRAME):
+    """``allowed_uids``: who may connect (empty: this process's uid); ``group``: the socket file's
+    group, which may then also open it (mode 0660; without one, 0600)."""
+
+    def __init__(
+        self, socket_path: str, handler: EngineHandler, max_frame: int = DEFAULT_MAX_FRAME,
+        allowed_uids: Sequence[int] = (), group: int | None = None,
+    ):
         self.socket_path, self.handler, self.max_frame = socket_path, handler, max_frame
+        self.allowed_uids = frozenset(allowed_uids or (os.getuid(),))
+        self.group = group
+        self.refused = 0
+        """Connections refused for their peer's uid."""
         self._listener: socket.socket | None = None
         self._active: _Connection | None = None
         self._stop = threading.Event()
@@ -234,8 +260,18 @@ class LocalApiServer:
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.socket_path)
-        os.chmod(self.socket_path, 0o660)
+        # Bound under a private name, given its mode, then moved into place: never reachable wider
+        # (a path too long for a suffix is bound in place; the uid check still admits nobody else).
+        fits = len(os.fsencode(self.socket_path)) + len(".new") <= MAX_UNIX_PATH
+        staging = f"{self.socket_path}.new" if fits else self.socket_path
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)
+        sock.bind(staging)
+        if self.group is not None:
+            os.chown(staging, -1, self.group)
+        os.chmod(staging, 0o660 if self.group is not None else 0o600)
+        if staging != self.socket_path:
+            os.replace(staging, self.socket_path)
         sock.listen(4)
         sock.settimeout(0.2)
         self._listener = sock
@@ -255,6 +291,10 @@ class LocalApiServer:
             except OSError:
                 return
             sock.settimeout(None)
+            uid = peer_uid(sock)
+            if uid not in self.allowed_uids:
+                self.refuse(sock, uid)
+                continue
             if self._active is not None:
                 send_frame(sock, encode_message(Error(code="busy", message="another engine is connected")))
                 sock.close()
@@ -263,6 +303,21 @@ class LocalApiServer:
             self._active = _Connection(sock)
             t = threading.Thread(target=self._serve, args=(self._active,), name="pdpair-engine", daemon=True)
             t.start()
+
+    def refuse(self, sock: socket.socket, uid: int) -> None:
+        """A process that is not the engine: one clear line to it and to the log (the first of each uid)."""
+        self.refused += 1
+        allowed = ", ".join(str(u) for u in sorted(self.allowed_uids))
+        message = (
+            f"uid {uid} may not use this agent's local API (allowed uids: {allowed}); "
+            "run the engine as one of them or list its uid in localapi.engine.allowedUids"
+        )
+        if self.refused == 1 or self.refused & (self.refused - 1) == 0:  # 1st, 2nd, 4th, 8th...
+            log.warning("local API: refused a connection (%d so far): %s", self.refused, message)
+        with contextlib.suppress(OSError):
+            sock.settimeout(SEND_DEADLINE)
+            send_frame(sock, encode_message(Error(code="forbidden", message=message)))
+        sock.close()
 
     def _serve(self, conn: _Connection) -> None:
         session = Session(conn, FrameReader(conn.sock, self.max_frame), self.handler)

@@ -94,7 +94,9 @@ class Sidecar:
         self.attached = threading.Event()
         self._lock = threading.Lock()
         engine = cfg.localapi.engine
-        self.server = LocalApiServer(engine.socket_path, self, engine.max_frame_bytes)
+        self.server = LocalApiServer(
+            engine.socket_path, self, engine.max_frame_bytes, engine.allowed_uids, engine.socket_group
+        )
 
     def start(self) -> Sidecar:
         self.server.start()
@@ -138,14 +140,19 @@ class Sidecar:
 
     def _runtime(self, mapped: MappedPools) -> AgentRuntime:
         pools = MemoryPools(self.schema, mapped.buffers, mapped.device, mapped.device_id)  # type: ignore[arg-type]
-        return AgentRuntime(
+        runtime = AgentRuntime(
             self.cfg,
             schema=self.schema,
             pools=pools,
             transport=self.transport_factory() if self.transport_factory else None,
             reporter=self.reporter,
             worker_factory=functools.partial(external_worker, link=self.link),
-        ).start()
+        )
+        snapshot, server = runtime.worker.snapshot, self.server
+        runtime.status.set_probes(  # /status also counts the processes the local API refused
+            runtime.worker.alive, lambda: {**snapshot(), "local_api": {"refused": server.refused}}
+        )
+        return runtime.start()
 
     def submit(self, cmd: Command) -> None:
         if self.runtime is None:

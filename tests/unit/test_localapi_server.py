@@ -4,6 +4,7 @@ client's clear errors and reconnect-with-re-registration when the agent goes awa
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -334,3 +335,51 @@ def test_wait_change_polls_first_then_sleeps_and_returns_on_a_push(served):
             timer.join()
             assert c.version > since and time.monotonic() - start < 1.0
         assert c.poll(9) == (4, "")
+
+
+def test_socket_file_admits_only_its_owner(tmp_path):
+    server = LocalApiServer(str(tmp_path / "agent.sock"), Recorder()).start()
+    try:
+        mode = os.stat(server.socket_path).st_mode & 0o777
+        assert mode == 0o600, oct(mode)
+        assert not list(tmp_path.glob("*.new"))  # bound under a private name, moved into place
+    finally:
+        server.stop()
+    grouped = LocalApiServer(str(tmp_path / "g.sock"), Recorder(), group=os.getgid()).start()
+    try:
+        st = os.stat(grouped.socket_path)
+        assert (st.st_mode & 0o777, st.st_gid) == (0o660, os.getgid())
+    finally:
+        grouped.stop()
+    longest = str(tmp_path / "s")
+    longest += "x" * (107 - len(longest))  # no room for a suffix: bound in place, same mode
+    assert len(os.fsencode(longest)) == 107
+    server = LocalApiServer(longest, Recorder()).start()
+    try:
+        assert os.stat(longest).st_mode & 0o777 == 0o600
+    finally:
+        server.stop()
+
+
+def test_a_process_of_another_uid_is_refused_clearly_and_the_engine_still_gets_in(tmp_path):
+    """The first process on the socket is not the engine (its uid is not allowed): refused with one
+    line naming its uid and the setting, counted, and it takes no slot the engine needs."""
+    handler = Recorder()
+    engine_uid = os.getuid() + 4242  # this test process is then "another uid"
+    server = LocalApiServer(str(tmp_path / "agent.sock"), handler, allowed_uids=[engine_uid]).start()
+    try:
+        s, reader = raw(server)
+        with s:
+            err = decode_agent_message(reader.read())
+            assert err.code == "forbidden"
+            assert f"uid {os.getuid()} may not use" in err.message
+            assert "localapi.engine.allowedUids" in err.message and "\n" not in err.message
+            assert s.recv(1) == b""  # and the connection is closed
+        assert server.refused == 1 and handler.registered == [] and server._active is None
+        server.allowed_uids = frozenset({os.getuid()})  # now this process is the engine
+        regions = [(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]
+        with client(server) as c, SharedPools(regions) as pools:
+            c.register_pools(pools.regions, pools.fds)
+        assert handler.registered == [(len(SCHEMA.regions()), 1)]
+    finally:
+        server.stop()
