@@ -109,7 +109,7 @@ def register(subparsers: Any) -> None:
     add_compiled_option(t)
     t.add_argument("--json", action="store_true", help="print a JSON list of cases")
     t.add_argument("--record", type=output_file, metavar="FILE",
-                   help="append the results as a dated section to FILE")
+                   help="write the run (date, machine, command, table, JSON) to FILE, replacing it")
     t.set_defaults(handler=run)
 
 
@@ -348,13 +348,10 @@ def machine() -> str:
 
 
 def record(path: Path, results: list[dict[str, Any]], command: str) -> None:
-    """Append a dated section (machine, load, command, table, JSON) under the "transfer" heading."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if "\n## transfer\n" not in text:
-        text += "\n## transfer\n"
-    text += (
-        f"\n### {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n- machine: {machine()}\n- command: `{command}`\n\n"
-        f"```\n{table(results)}\n```\n\n<details><summary>JSON</summary>\n\n```json\n"
-        f"{json.dumps(results, indent=1)}\n```\n</details>\n"
+    """The run as one Markdown report (date, machine, command, table, JSON), replacing ``path``: a
+    record of this run, not a log of all of them (docs/benchmarks.md keeps the current figures)."""
+    path.write_text(
+        f"# bench transfer, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n- machine: {machine()}\n"
+        f"- command: `{command}`\n\n```\n{table(results)}\n```\n\n"
+        f"```json\n{json.dumps(results, indent=1)}\n```\n"
     )
-    path.write_text(text)
