@@ -1,4 +1,4 @@
-"""The golden vectors are sglang 0.5.23's own output, and the suite reads nothing outside the checkout.
+"""The golden vectors are sglang 0.5.23's own output.
 
 ``tests/vectors/regenerate.py`` recomputes every case with sglang's functions cut out of its wheel; the
 committed file must be exactly what that produces. Without the wheel (no package index reachable and
@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
-import subprocess
-from pathlib import Path
 
 import pytest
 from codec_vectors import VECTORS, VECTORS_PATH
 
 from dataplane.bench import sglang_ref
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _regenerate_module():
@@ -52,24 +47,3 @@ def test_a_changed_output_is_caught() -> None:
     tampered = json.loads(VECTORS_PATH.read_text())
     tampered["registration"][0]["frames_hex"][1] = b"0".hex()
     assert regen.render(tampered) != VECTORS_PATH.read_text()
-
-
-# A path that leaves the checkout: the parent folder's shared material, or an absolute path into the
-# machine's work folders. Tests, tools and benchmarks must run from a clone in any folder.
-_OUTSIDE = re.compile(r"""\.\./shared\b|["']/work/|parents\[[3-9]\]\s*/\s*["']shared""")
-
-
-def test_nothing_reads_outside_the_checkout() -> None:
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py", "*.sh", "Makefile",
-         "scripts/*", ".ci/*", "hack/*"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.split()
-    me = Path(__file__).relative_to(REPO).as_posix()
-    hits = [
-        f"{name}:{n}: {line.strip()}"
-        for name in files if name != me and (REPO / name).is_file()
-        for n, line in enumerate((REPO / name).read_text(errors="replace").splitlines(), 1)
-        if _OUTSIDE.search(line)
-    ]
-    assert not hits, "reads outside the checkout:\n" + "\n".join(hits)
