@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ from operator_support import (
     FakeAgents,
     condition,
     get,
-    install_crd,
     pdpair,
     pdpair_yaml,
     pods,
@@ -35,23 +32,6 @@ from pdpair_operator.status import CONDITION_TYPES
 from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    install_crd(cluster)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(cluster, log, "--all-namespaces") as proc:
-        yield log
-        assert proc.poll() is None, f"operator exited: {log.read_text()[-3000:]}"
-
-
-@pytest.fixture
-def ns(cluster: Cluster, operator: Path) -> Iterator[str]:
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def apply(cluster: Cluster, ns: str, text: str, check: bool = True) -> subprocess.CompletedProcess[str]:

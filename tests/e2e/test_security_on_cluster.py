@@ -8,9 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +15,9 @@ import yaml
 from operator_support import (
     condition,
     get,
-    install_crd,
     pdpair,
     pdpair_yaml,
     pods,
-    running_operator,
     wait_for,
 )
 
@@ -30,23 +25,6 @@ from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PEER_REFUSALS = "pdpair.io/PeerRefusals"
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    install_crd(cluster)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(cluster, log, "--all-namespaces") as proc:
-        yield log
-        assert proc.poll() is None, f"operator exited: {log.read_text()[-3000:]}"
-
-
-@pytest.fixture
-def ns(cluster: Cluster, operator: Path) -> Iterator[str]:
-    name = f"sec-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def apply(cluster: Cluster, ns: str, text: str, check: bool = True) -> Any:
