@@ -498,7 +498,7 @@ def allowed_plain_peer(pair: Pair) -> Finding:
     return Finding(
         name,
         f"paired; {ok} of 6 rooms succeeded, every byte verified: {verified}",
-        "plain peers pair only where auth.allowPlainPeers is set",
+        "plain peers pair only where auth.allowPlainPeers is set (refused without it: the first row)",
         ok == 6 and verified,
         {"succeeded": ok, "completed": int(req["completed"]), "verified": verified},
     )
@@ -508,7 +508,7 @@ def allowed_plain_peer(pair: Pair) -> Finding:
 @attack("metadata naming 1,100 unregistered decode ports")
 def unregistered_ports(pair: Pair) -> Finding:
     before, fds0 = pair.served(), pair.fds(pair.prefill)
-    start = _processed(pair.prefill.status())
+    start, refused0 = _processed(pair.prefill.status()), pair.refusals(pair.prefill)
     sock = pair.push(pair.prefill)
     empty = np.empty(0, dtype=np.int32)
     for i in range(1100):
@@ -521,17 +521,20 @@ def unregistered_ports(pair: Pair) -> Finding:
     time.sleep(0.5)  # ZMQ's reaper closes evicted sockets' descriptors on its own thread
     fds1, control = pair.fds(pair.prefill), pair.control(pair.prefill)
     sock.close(linger=0)
+    refused = _grew(refused0, pair.refusals(pair.prefill))["unauthenticated"]
     serving, after = pair.kept_serving(before)
     bound = fds0 + 2 * STRANGER_SOCKETS + FD_SLACK
     live = pair.live(pair.prefill)
     return Finding(
         "metadata naming 1,100 unregistered decode ports",
-        f"handled all: {done}; prefill fds {fds0} -> {fds1}, {control['open_sockets']} sockets open, "
+        f"handled all: {done} ({refused} refused as unauthenticated, counted); prefill fds {fds0} -> {fds1}, "
+        f"{control['open_sockets']} sockets open, "
         f"{control['evicted_sockets']} to strangers closed; worker live: {live}",
         f"fds <= {bound} (before + 2 x {STRANGER_SOCKETS} stranger sockets + {FD_SLACK})",
         done and live and fds1 <= bound and serving,
         {"fds_before": fds0, "fds_after": fds1, "fd_bound": bound, "control": control, "live": live,
-         "served_before": before, "served_after": after, "kept_serving": serving, "handled": done},
+         "served_before": before, "served_after": after, "kept_serving": serving, "handled": done,
+         "refused": refused},
     )
 
 
