@@ -9,7 +9,8 @@ replaced behind the same bootstrap address (the sglang PR #34289 failure) and re
 
 With a pairing key both endpoints are for key holders (``httpauth``): ``PUT /ranks`` needs a signed
 request, and an unsigned ``GET /topology`` gets only the public part (``PublicTopology``: model, TP
-size, generation, whether every rank is known) — no address, agent id or instance to aim at.
+size, generation, whether every rank is known) — no address, agent id or instance to aim at —
+unless the PDPair admits plain sglang peers (``auth.allowPlainPeers``), which cannot sign.
 """
 
 from __future__ import annotations
@@ -93,10 +94,13 @@ class BootstrapRegistry:
         with self._lock:
             self._ranks[info.rank] = info
 
-    def routes(self) -> dict[tuple[str, str], Handler]:
+    def routes(self, plain_peers: bool = False) -> dict[tuple[str, str], Handler]:
+        """``plain_peers``: the PDPair admits plain sglang peers, which cannot sign, so an unsigned
+        ``GET /topology`` gets the ranks' addresses too."""
+
         def topology(req: Request) -> Reply:
             topo = self.topology()
-            if req.authenticated:
+            if req.authenticated or plain_peers:
                 return Reply(200, msgspec.json.encode(topo))
             public = PublicTopology(topo.model, topo.generation, topo.tp_size, topo.complete, topo.components)
             return Reply(200, msgspec.json.encode(public))

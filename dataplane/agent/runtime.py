@@ -157,7 +157,7 @@ class AgentRuntime:
             self.registry = BootstrapRegistry(
                 self._rank_info(), self.schema.tp_size, self.schema.model, comps
             )
-            routes = {**health, **self.registry.routes()}
+            routes = {**health, **self.registry.routes(plain_peers=self.cfg.auth.allow_plain_peers)}
             self.servers.append(
                 AgentHttpServer(listen.host, listen.bootstrap_port, routes, "bootstrap", verifier).start()
             )

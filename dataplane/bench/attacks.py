@@ -1,11 +1,12 @@
 """Attacks on a running prefill/decode pair, each a function in one registry (``ATTACKS``), run by
-``pdpair-agent bench attacks`` (the table in docs/security.md) and by tests/integration/test_attacks.py.
+``pdpair-agent bench attacks`` (the table in docs/security.md) and by the tests
+(tests/integration/test_security_peers.py: pairing; test_attacks.py: the rest).
 
 ``Pair`` is a real pair of ``pdpair-agent run`` processes on loopback that share a pairing key and
 serve verified rooms without pause. An attack acts as a stranger on the pod network would — it has
 the addresses, not the key — and returns a ``Finding``: what happened, the bound that held and the
 figures behind it. ``passed`` also requires that the pair kept serving: more rooms succeeded after
-the attack, none failed and every byte verified.
+the attack, none failed, every byte verified and decode still paired with the real prefill.
 
 To add an attack, decorate a function ``(pair) -> Finding`` with ``@attack("name")`` here (or in a
 module imported here); the command and the test pick it up.
@@ -34,7 +35,9 @@ from ..agent.control import STRANGER_SOCKETS
 from ..agent.http import get_json
 from ..agent.httpauth import HEADER, sign
 from ..agent.launch import AgentProcess, loopback_pair
-from ..codec import GUARD, TransferMetadata, encode_metadata
+from ..codec import GUARD, Refused, Registration, TransferMetadata, encode_control, encode_metadata
+from ..codec.auth import SEAL_MAGIC, key_id, new_nonce, prove_registration
+from ..codec.registration import encode_registration
 from ..config import AgentConfig, AuthConfig, ModelConfig, SyntheticConfig, TransferConfig
 
 FD_SLACK = 16
@@ -82,8 +85,9 @@ class Pair:
         key.write_bytes(os.urandom(32))
         key.chmod(0o400)
         self.key = key.read_bytes()
-        base = msgspec.structs.replace(base or pair_config(), auth=AuthConfig(key_file=str(key)))
-        (p_cfg,), (d_cfg,) = loopback_pair(base)
+        self.workdir = workdir
+        self.base = msgspec.structs.replace(base or pair_config(), auth=AuthConfig(key_file=str(key)))
+        (p_cfg,), (d_cfg,) = loopback_pair(self.base)
         self.prefill = AgentProcess(p_cfg, workdir, "prefill")
         self.decode = AgentProcess(d_cfg, workdir, "decode")
         self.ctx = zmq.Context()
@@ -120,12 +124,24 @@ class Pair:
             time.sleep(0.2)
         return False
 
-    def kept_serving(self, before: dict[str, int], more: int = 10) -> tuple[bool, dict[str, int]]:
-        """More rooms succeeded after the attack, none failed since ``before``, every byte verified."""
+    def kept_serving(self, before: dict[str, int], more: int = 10) -> tuple[bool, dict[str, Any]]:
+        """More rooms succeeded after the attack, none failed since ``before``, every byte verified,
+        decode still paired with the real prefill."""
         grew = self.wait_served(more, since=before)
-        after = self.served()
-        ok = grew and after["failed"] == before["failed"] and after["verification_failures"] == 0
+        after: dict[str, Any] = dict(self.served())
+        status = self.decode.status()
+        after["paired"] = status["prefill"]["0"]["state"] == "paired"
+        after["unverified_components"] = sorted(
+            name for name, c in status["components"].items()
+            if c["verified_bytes"] != c["bytes"] or c["mismatched_bytes"] != 0
+        )
+        ok = (grew and after["failed"] == before["failed"] and after["verification_failures"] == 0
+              and after["paired"] and not after["unverified_components"])
         return ok, after
+
+    def refusals(self, agent: AgentProcess) -> dict[str, int]:
+        """``agent``'s refused peer messages by reason (``/status`` ``refusals``)."""
+        return {k: int(v) for k, v in agent.status()["refusals"].items() if k != "recent"}
 
     def live(self, agent: AgentProcess) -> bool:
         try:
@@ -203,11 +219,296 @@ def _wait(pred: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
-# ---- the attacks ------------------------------------------------------------------------------
+# ---- peers: a stranger without the pairing key ----------------------------------------------------
+REASONS = ("unauthenticated", "bad_mac", "replay", "foreign_pdpair")
+"""Why an agent refuses a peer's message (``/status`` ``refusals``)."""
+QUIET = 1.0
+"""How long a stranger listens for an answer that must not come."""
+
+
+class Stranger:
+    """A PUSH socket aimed at an agent's control port and a PULL socket bound on loopback, whose port
+    is the stranger's own return address."""
+
+    def __init__(self, pair: Pair, agent: AgentProcess):
+        self.push, self.pull = pair.ctx.socket(zmq.PUSH), pair.ctx.socket(zmq.PULL)
+        for sock in (self.push, self.pull):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.port = self.pull.bind_to_random_port("tcp://127.0.0.1")
+        self.push.connect(f"tcp://127.0.0.1:{agent.ports['control_port']}")
+
+    def send(self, frames: list[bytes]) -> None:
+        self.push.send_multipart(frames)
+
+    def heard(self, seconds: float = QUIET) -> list[list[bytes]]:
+        """Every message that reached the stranger's address within ``seconds``."""
+        out: list[list[bytes]] = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and len(out) < 1000:
+            if self.pull.poll(int(left * 1000) + 1):
+                out.append(self.pull.recv_multipart())
+        return out
+
+    def close(self) -> None:
+        self.push.close(linger=0)
+        self.pull.close(linger=0)
+
+
+@contextlib.contextmanager
+def stranger(pair: Pair, agent: AgentProcess) -> Iterator[Stranger]:
+    s = Stranger(pair, agent)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def registration(port: int) -> list[bytes]:
+    """A plain registration (sglang's frames, no proof) naming ``127.0.0.1:port`` as the decode."""
+    reg = Registration(
+        endpoint="127.0.0.1", dst_port=port, engine_desc=msgspec.msgpack.encode(["stranger"]),
+        dst_kv_mem_descs=(b"\x00" * 16,), dst_kv_item_len=4096,
+    )
+    return encode_registration(reg)
+
+
+def forged_seal() -> bytes:
+    """A seal frame of the right shape (magic, nonce, counter, MAC) made without the key."""
+    return SEAL_MAGIC + new_nonce()[:8] + bytes(8) + bytes(16)
+
+
+def _grew(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {r: after[r] - before[r] for r in REASONS}
+
+
+def _wait_refused(pair: Pair, agent: AgentProcess, before: dict[str, int], want: dict[str, int]) -> bool:
+    """Whether ``agent`` refused at least ``want[reason]`` more messages than ``before`` within 60 s."""
+    return _wait(lambda: all(_grew(before, pair.refusals(agent))[r] >= n for r, n in want.items()), 60.0)
+
+
+def _outcome(refused: dict[str, int], answers: int, serving: bool) -> str:
+    counted = ", ".join(f"{n} {r}" for r, n in refused.items() if n) or "none"
+    return f"refused and counted: {counted}; answers to the stranger: {answers}; pair kept serving: {serving}"
+
+
+KEPT = "the real pair pairs and serves on, every room verified"
+
+
+def _third_decode(pair: Pair, name: str, tag: str, auth: AuthConfig, reason: str) -> Finding:
+    """A third decode agent, configured as the real one but with ``auth``, pointed at prefill's
+    bootstrap port: it gets no prefill address (the public ``/topology``, or 401 for a request
+    signed with another key), pairs with nothing and receives no byte. Its registration sent
+    straight to prefill's control port (fixed per PDPair, so a stranger knows it) — plain without a
+    key, proven with the other key — is refused for ``reason``, counted and unanswered."""
+    before, rooms = pair.refusals(pair.prefill), pair.served()
+    (_,), (d_cfg,) = loopback_pair(pair.base, bootstrap_port=pair.prefill.cfg.listen.bootstrap_port)
+    third = AgentProcess(msgspec.structs.replace(d_cfg, auth=auth), pair.workdir, tag,
+                         keyless=auth.key_file is None)
+    try:
+        third.wait_ready()
+        _wait(lambda: third.status()["bootstrap_error"] is not None, 30.0)
+        time.sleep(QUIET)  # room for an answer that must not come
+        st = third.status()
+    finally:
+        third.stop()
+    key = auth.read_key()
+    with stranger(pair, pair.prefill) as s:
+        body = registration(s.port)
+        proof = [] if key is None else [
+            prove_registration(key, body, pair.prefill.ports["instance"], time.time_ns(), new_nonce())]
+        s.send([*body, *proof])
+        refused = _wait_refused(pair, pair.prefill, before, {reason: 1})
+        answers = len(s.heard())
+    grew = _grew(before, pair.refusals(pair.prefill))
+    serving, after = pair.kept_serving(rooms)
+    state = str(st["prefill"].get("0", {}).get("state", "without a prefill address"))
+    made, components = int(st["requests"]["made"]), len(st["components"])
+    told = {k: v for k, v in st["refusals"].items() if k != "recent"}
+    error = str(st["bootstrap_error"])
+    return Finding(
+        name,
+        f"the third decode is told {error.split(': ', 1)[-1]!r}, stays {state}: {made} rooms, "
+        f"{components} components received; its registration sent to the control port: "
+        f"{_outcome(grew, answers, serving)}",
+        f"no address, pairing or byte without the PDPair's key; {KEPT}",
+        st["bootstrap_error"] is not None and "0" not in st["prefill"] and made == 0 and components == 0
+        and not any(told.values()) and refused and answers == 0 and serving,
+        {"refused": refused, "refusals": grew, "answers": answers, "third_state": state,
+         "third_rooms_made": made, "third_components": components, "third_refusals": told,
+         "third_bootstrap_error": st["bootstrap_error"], "kept_serving": serving, "served_after": after},
+    )
+
+
+@attack("a third decode without the key pointed at prefill's bootstrap port")
+def keyless_decode(pair: Pair) -> Finding:
+    return _third_decode(pair, "a third decode without the key pointed at prefill's bootstrap port",
+                         "keyless", AuthConfig(), "unauthenticated")
+
+
+@attack("a third decode holding another PDPair's key")
+def foreign_decode(pair: Pair) -> Finding:
+    other = pair.workdir / "other-pdpair.key"
+    if not other.exists():
+        other.write_bytes(os.urandom(32))
+        other.chmod(0o400)
+    return _third_decode(pair, "a third decode holding another PDPair's key", "foreign",
+                         AuthConfig(key_file=str(other)), "foreign_pdpair")
+
+
+@attack("registrations naming decode's address: plain, with a forged proof, proven for another instance")
+def registrations(pair: Pair) -> Finding:
+    """Plain registrations for the stranger's address and for decode's, one with the PDPair's public
+    key tag and a MAC made without the key, one proven with the key for an earlier prefill instance."""
+    name = "registrations naming decode's address: plain, with a forged proof, proven for another instance"
+    before, rooms = pair.refusals(pair.prefill), pair.served()
+    with stranger(pair, pair.prefill) as s:
+        for target in (s.port, pair.decode.ports["control_port"]):
+            s.send(registration(target))
+        plain = _wait_refused(pair, pair.prefill, before, {"unauthenticated": 2})
+        body = registration(s.port)
+        wrong = b"not the key" * 3
+        forged = prove_registration(wrong, body, pair.prefill.ports["instance"], time.time_ns(), new_nonce())
+        s.send([*body, forged.replace(key_id(wrong), key_id(pair.key))])
+        bad_mac = _wait_refused(pair, pair.prefill, before, {"bad_mac": 1})
+        stale = prove_registration(pair.key, body, "an-old-instance", time.time_ns(), new_nonce())
+        s.send([*body, stale])
+        replay = _wait_refused(pair, pair.prefill, before, {"replay": 1})
+        answers = len(s.heard())
+    grew = _grew(before, pair.refusals(pair.prefill))
+    serving, after = pair.kept_serving(rooms)
+    return Finding(
+        name,
+        f"{_outcome(grew, answers, serving)}; decode still paired: {after['paired']}",
+        f"a registration without a valid, fresh proof gets no answer and displaces nobody; {KEPT}",
+        plain and bad_mac and replay and answers == 0 and serving,
+        {"refused": {"unauthenticated": plain, "bad_mac": bad_mac, "replay": replay}, "refusals": grew,
+         "answers": answers, "kept_serving": serving, "served_after": after},
+    )
+
+
+@attack("a key holder's registration captured and sent again")
+def replayed_registration(pair: Pair) -> Finding:
+    """The key holder's registration (its descriptors name no real memory, so prefill refuses it,
+    sealed, to the address it proved), then the same frames again."""
+    name = "a key holder's registration captured and sent again"
+    before = pair.refusals(pair.prefill)
+    with stranger(pair, pair.prefill) as s:
+        body = registration(s.port)
+        frames = [*body, prove_registration(pair.key, body, pair.prefill.ports["instance"], time.time_ns(),
+                                            new_nonce())]
+        s.send(frames)
+        first = s.heard(5.0)
+        sealed = len(first) == 1 and first[0][-1].startswith(SEAL_MAGIC)
+        s.send(frames)
+        replay = _wait_refused(pair, pair.prefill, before, {"replay": 1})
+        answers = len(s.heard())
+    grew = _grew(before, pair.refusals(pair.prefill))
+    return Finding(
+        name,
+        f"the original answered once, sealed: {sealed}; the copy refused as replay: {replay} "
+        f"({grew['replay']} counted), answers to it: {answers}",
+        "each proof is accepted once (nonce, instance id, time)",
+        sealed and replay and answers == 0,
+        {"first_answers": len(first), "first_sealed": sealed, "replay_refused": replay, "refusals": grew,
+         "answers": answers},
+    )
+
+
+@attack("TransferMetadata claiming decode's address, unsealed and with a forged seal")
+def metadata_as_decode(pair: Pair) -> Finding:
+    """Twenty rooms of metadata naming decode's control port and pages 0-7 of its pools, each
+    unsealed and with a forged seal, and one naming the stranger's own unregistered address."""
+    name = "TransferMetadata claiming decode's address, unsealed and with a forged seal"
+    before, rooms = pair.refusals(pair.prefill), pair.served()
+    with stranger(pair, pair.prefill) as s:
+        for room in range(20):
+            md = TransferMetadata(room=room, endpoint="127.0.0.1", dst_port=pair.decode.ports["control_port"],
+                                  engine_key="decode", dst_kv_indices=np.arange(8, dtype=np.int32))
+            frames = encode_metadata(md)
+            s.send(frames)
+            s.send([*frames, forged_seal()])
+        md = TransferMetadata(room=99, endpoint="127.0.0.1", dst_port=s.port, engine_key="x",
+                              dst_kv_indices=np.arange(4, dtype=np.int32))
+        s.send(encode_metadata(md))
+        refused = _wait_refused(pair, pair.prefill, before, {"unauthenticated": 41})
+        answers = len(s.heard())
+    grew = _grew(before, pair.refusals(pair.prefill))
+    serving, after = pair.kept_serving(rooms)
+    return Finding(
+        name,
+        f"41 messages: {_outcome(grew, answers, serving)}",
+        f"no transfer for metadata not sealed with the pairing's key; {KEPT}",
+        refused and answers == 0 and serving,
+        {"refused": refused, "refusals": grew, "answers": answers, "kept_serving": serving,
+         "served_after": after},
+    )
+
+
+@attack("Refused and status messages to decode in prefill's name")
+def spoofed_refusals(pair: Pair) -> Finding:
+    """``Refused`` with prefill's public agent id, unsealed and with a forged seal, and a room status
+    reporting a failure."""
+    name = "Refused and status messages to decode in prefill's name"
+    before, rooms = pair.refusals(pair.decode), pair.served()
+    with stranger(pair, pair.decode) as s:
+        refused_msg = [encode_control(Refused(reason="go away", agent_id=pair.prefill.ports["agent"]))]
+        s.send(refused_msg)
+        s.send([*refused_msg, forged_seal()])
+        s.send([GUARD, b"12345", b"4", b"0", b"spoofed failure"])
+        refused = _wait_refused(pair, pair.decode, before, {"unauthenticated": 3})
+        answers = len(s.heard())
+    grew = _grew(before, pair.refusals(pair.decode))
+    serving, after = pair.kept_serving(rooms)
+    believed = any(r.get("reason") == "go away" for r in pair.decode.status()["refusals"]["recent"])
+    return Finding(
+        name,
+        f"3 messages: {_outcome(grew, answers, serving)}; decode took the refusal: {believed}",
+        f"peer messages count only sealed with the pairing's key; {KEPT}",
+        refused and answers == 0 and serving and not believed,
+        {"refused": refused, "refusals": grew, "answers": answers, "believed": believed,
+         "kept_serving": serving, "served_after": after},
+    )
+
+
+@attack("a plain sglang decode (no key) where the PDPair allows plain peers")
+def allowed_plain_peer(pair: Pair) -> Finding:
+    """A pair of its own: a prefill with ``auth.allowPlainPeers`` and a decode without a key (sending
+    sglang's frames alone) move six verified rooms. Without the setting such a decode is refused
+    (the first attack above)."""
+    name = "a plain sglang decode (no key) where the PDPair allows plain peers"
+    base = pair_config()
+    base = msgspec.structs.replace(
+        base, synthetic=msgspec.structs.replace(base.synthetic, requests=6),
+        auth=AuthConfig(allow_plain_peers=True),
+    )
+    (p_cfg,), (d_cfg,) = loopback_pair(base)
+    with tempfile.TemporaryDirectory(prefix="pdpair-plain-") as tmp:
+        prefill = AgentProcess(p_cfg, Path(tmp), "prefill")
+        decode = AgentProcess(msgspec.structs.replace(d_cfg, auth=AuthConfig(allow_plain_peers=True)),
+                              Path(tmp), "plain-decode", keyless=True)
+        try:
+            prefill.wait_ready()
+            decode.wait_ready()
+            _wait(lambda: int(decode.status()["requests"]["completed"]) >= 6, 60.0)
+            req = decode.status()["requests"]
+        finally:
+            decode.stop()
+            prefill.stop()
+    ok, verified = int(req["succeeded"]), int(req["verification_failures"]) == 0
+    return Finding(
+        name,
+        f"paired; {ok} of 6 rooms succeeded, every byte verified: {verified}",
+        "plain peers pair only where auth.allowPlainPeers is set (refused without it: the first row)",
+        ok == 6 and verified,
+        {"succeeded": ok, "completed": int(req["completed"]), "verified": verified},
+    )
+
+
+# ---- control sockets, HTTP, listeners, the local API -------------------------------------------
 @attack("metadata naming 1,100 unregistered decode ports")
 def unregistered_ports(pair: Pair) -> Finding:
     before, fds0 = pair.served(), pair.fds(pair.prefill)
-    start = _processed(pair.prefill.status())
+    start, refused0 = _processed(pair.prefill.status()), pair.refusals(pair.prefill)
     sock = pair.push(pair.prefill)
     empty = np.empty(0, dtype=np.int32)
     for i in range(1100):
@@ -220,17 +521,20 @@ def unregistered_ports(pair: Pair) -> Finding:
     time.sleep(0.5)  # ZMQ's reaper closes evicted sockets' descriptors on its own thread
     fds1, control = pair.fds(pair.prefill), pair.control(pair.prefill)
     sock.close(linger=0)
+    refused = _grew(refused0, pair.refusals(pair.prefill))["unauthenticated"]
     serving, after = pair.kept_serving(before)
     bound = fds0 + 2 * STRANGER_SOCKETS + FD_SLACK
     live = pair.live(pair.prefill)
     return Finding(
         "metadata naming 1,100 unregistered decode ports",
-        f"handled all: {done}; prefill fds {fds0} -> {fds1}, {control['open_sockets']} sockets open, "
+        f"handled all: {done} ({refused} refused as unauthenticated, counted); prefill fds {fds0} -> {fds1}, "
+        f"{control['open_sockets']} sockets open, "
         f"{control['evicted_sockets']} to strangers closed; worker live: {live}",
         f"fds <= {bound} (before + 2 x {STRANGER_SOCKETS} stranger sockets + {FD_SLACK})",
         done and live and fds1 <= bound and serving,
         {"fds_before": fds0, "fds_after": fds1, "fd_bound": bound, "control": control, "live": live,
-         "served_before": before, "served_after": after, "kept_serving": serving, "handled": done},
+         "served_before": before, "served_after": after, "kept_serving": serving, "handled": done,
+         "refused": refused},
     )
 
 

@@ -1,6 +1,7 @@
-"""A stranger's attacks on a real prefill/decode pair (``dataplane.bench.attacks``, the same functions
-``pdpair-agent bench attacks`` tabulates in docs/security.md): each asserts its bound held and that
-the pair kept serving, every room verified."""
+"""A stranger's attacks on a real prefill/decode pair's sockets, HTTP endpoints, listeners and local API
+(``dataplane.bench.attacks``, the same functions ``pdpair-agent bench attacks`` tabulates in
+docs/security.md; the attacks on pairing are in test_security_peers.py): each asserts its bound held
+and that the pair kept serving, every room verified."""
 
 from __future__ import annotations
 
@@ -84,4 +85,4 @@ def test_the_table_has_a_row_per_attack():
     finding = a.Finding("x", "y", "z", False)
     rows = a.table([finding]).splitlines()
     assert rows[0] == "| attack | outcome | bound | held |" and rows[2] == "| x | y | z | NO |"
-    assert len(a.ATTACKS) >= 7
+    assert len(a.ATTACKS) >= 14

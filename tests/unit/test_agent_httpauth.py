@@ -1,6 +1,7 @@
 """Signed HTTP requests (``agent.httpauth``) and what the endpoints give callers with and without
 the pairing key, over a real loopback server: ``PUT /ranks`` refused unsigned, badly signed or
-replayed; ``/topology`` and ``/status`` revealing no address, label, agent id or instance unsigned."""
+replayed; ``/topology`` and ``/status`` revealing no address, label, agent id or instance unsigned
+(``/topology`` names the ranks where plain sglang peers, which cannot sign, are allowed)."""
 
 import json
 import urllib.error
@@ -134,3 +135,20 @@ def test_public_status_keeps_counts_of_refusal_tallies():
     out = public_status(snap)
     assert out == {"role": "decode", "peers": {}, "refusals": {"unauthenticated": 3, "bad_mac": 1},
                    "prefill": {"paired": 1}}
+
+
+def test_where_plain_peers_are_allowed_an_unsigned_topology_names_the_ranks():
+    """Plain sglang peers cannot sign: a prefill admitting them gives them the ranks' addresses (the
+    status stays public) and still takes ``PUT /ranks`` from key holders only."""
+    me = RankInfo(0, "127.0.0.1", 5555, "inst0", "prefill-0@inst0", "g1")
+    reg = BootstrapRegistry(me, 1, "qwen3-next", (("mamba", "mamba"),))
+    status = AgentStatus("prefill", "prefill-0", "inst0")
+    routes = {**status.routes(AgentMetrics("prefill", "prefill-0").exposition, CONTENT_TYPE),
+              **reg.routes(plain_peers=True)}
+    srv = AgentHttpServer("127.0.0.1", 0, routes, verifier=Verifier(KEY)).start()
+    try:
+        assert fetch_topology("127.0.0.1", srv.port).rank(0) == me
+        assert "inst0" not in json.dumps(_call(srv.url + "/status")[1])
+        assert _call(srv.url + "/ranks", "PUT", b"{}")[0] == 401
+    finally:
+        srv.stop()
