@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataplane.commands.bench import parse_size
+from dataplane.commands.args import parse_size
 from dataplane.config import NixlConfig
 from dataplane.transports import MemoryRegion, Writes
 from dataplane.transports.nixl import NixlTransport

@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
     """The sidecar setup of ``sidecar-bench`` for one case, its processes started with the hooks."""
-    from dataplane.commands.bench import block_config, parse_size
+    from dataplane.commands.args import parse_size
+    from dataplane.commands.bench import block_config
     from dataplane.commands.sidecar_bench import sidecar_run, with_warmup
     from dataplane.compiled import choose
 

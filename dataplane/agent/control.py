@@ -420,8 +420,12 @@ class Pushers:
             sock.close(linger=0)
 
     def close(self) -> None:
+        """Close every socket and drop the worker's hooks: whatever outlives the sockets (the runtime,
+        a lane's fallback) must not keep the worker, and with it an engine's mapped pools, alive."""
         for address in list(self._socks):
             self.forget(address)
+        self.seal = None
+        self.keep = _nobody
 
 
 class LogThrottle:

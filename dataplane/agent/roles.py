@@ -292,7 +292,6 @@ class RoleWorker(abc.ABC):
         for hook in self.on_shutdown:
             hook()
         self.pushers.close()
-        self.pushers.seal = None  # whatever outlives the worker's sockets must not keep it (and its pools)
         self.inbox.close()
 
     # ---- pools ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import yaml
 
 from dashboards import build
 from dashboards.grafana import panels_of
+from dataplane.agent.launch import pairing_key_file
 from dataplane.config import parse_config
 from dataplane.schema.profiles import schema_from_config
 from tests.chart_support import wait_for
@@ -90,10 +91,10 @@ class Agent:
         return bool(rooms.get("states", {}).get("Transferring"))
 
 
-def agent_config(role: str, bootstrap: int, profile: str = PROFILE, peer: int | None = None,
+def agent_config(role: str, bootstrap: int, key: str, profile: str = PROFILE, peer: int | None = None,
                  ) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "role": role, "model": {"profile": profile},
+        "role": role, "model": {"profile": profile}, "auth": {"keyFile": key},
         "listen": {"host": "127.0.0.1", "bootstrapPort": free_port() if peer else bootstrap,
                    "metricsPort": free_port()},
         "identity": {"pdpair": "prom-test"},
@@ -166,9 +167,11 @@ def _kill_mid_transfer(prefill: Agent, decode: Agent, within: float = 5.0) -> No
 def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     workdir = tmp_path_factory.mktemp("prom")
     bootstrap = free_port()
-    prefill = Agent("prefill", agent_config("prefill", bootstrap))
-    decode = Agent("decode", agent_config("decode", bootstrap, peer=bootstrap))
-    refused = Agent("refused", agent_config("decode", bootstrap, profile="deepseek-v3.2", peer=bootstrap))
+    key = pairing_key_file(workdir)
+    prefill = Agent("prefill", agent_config("prefill", bootstrap, key))
+    decode = Agent("decode", agent_config("decode", bootstrap, key, peer=bootstrap))
+    refused = Agent("refused",
+                    agent_config("decode", bootstrap, key, profile="deepseek-v3.2", peer=bootstrap))
     cfg = parse_config(json.dumps(prefill.config))
     components = {"kv", "aux", *(c.name for c in schema_from_config(cfg).components)}
     jobs = {"pdpair-agents": [prefill.metrics, decode.metrics, refused.metrics]}

@@ -134,8 +134,10 @@ def test_agent_run_on_a_taken_port_is_one_line(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        config = tmp_path / "agent.yaml"
-        config.write_text(f"listen:\n  host: 127.0.0.1\n  bootstrapPort: 0\n  metricsPort: {port}\n")
+        config, key = tmp_path / "agent.yaml", tmp_path / "pairing.key"
+        key.write_bytes(os.urandom(32))
+        config.write_text(f"listen:\n  host: 127.0.0.1\n  bootstrapPort: 0\n  metricsPort: {port}\n"
+                          f"auth:\n  keyFile: {key}\n")
         env = {**ENV, "NIXL_LOG_LEVEL": "WARN"}  # NIXL's own INFO lines at start-up
         line = one_line_error([*AGENT, "run", "--role", "prefill", "--config", str(config)], env)
     assert f"listen.host 127.0.0.1 (--listen-host), ports metrics {port}: cannot listen" in line, line
