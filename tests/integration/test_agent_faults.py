@@ -19,12 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 from faults_support import FaultRow
 from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane.agent.launch import AgentProcess, loopback_pair
+from dataplane.codec import encode_manifest, manifest_from_schema
 from dataplane.config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig, TransferConfig
+from dataplane.localapi import AgentClient, SharedPools
+from dataplane.localapi.launch import SidecarPair
+from dataplane.schema.profiles import schema_from_config
 from dataplane.transports.faulty import KINDS
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow, pytest.mark.faults]
@@ -242,3 +247,73 @@ def test_frozen_decode_fails_rooms_by_deadline_without_holding_prefill(
             f"{stuck['inflight']} room(s) failed {freed_after:.1f} s after the freeze "
             f"({failures[-1]['reason'].split(':')[0]}); re-paired {repaired:.1f} s after SIGCONT"
         )
+
+
+ABORTS = 1000
+ABORT_BOUND = 2.0
+
+
+def test_a_thousand_aborts_at_once_leave_no_room_running(tmp_path: Path, fault_row: FaultRow) -> None:
+    """The test is decode's engine (sidecar mode): it asks for 1,000 rooms that wait at prefill (its
+    engine frozen), then aborts them all at once. 2 s later neither agent runs a room, and the engine
+    has every room reported failed."""
+    fault_row.fault = f"{ABORTS} aborts at once"
+    fault_row.injected = f"decode's engine aborts {ABORTS} waiting rooms back to back (local API)"
+    fault_row.bound = f"no running room on either agent {ABORT_BOUND:g} s later"
+    pair = SidecarPair(config(0, tokens=(700,)), tmp_path)
+    dcfg = pair.cfg["decode"]
+    schema = schema_from_config(dcfg)
+    shared = SharedPools([(r.name, r.component, r.tensor, r.size) for r in schema.regions()])
+    client = AgentClient(dcfg.localapi.engine.socket_path, role="decode",
+                         manifest=encode_manifest(manifest_from_schema(schema, role="decode")))
+    try:
+        prefill, decode = pair.start_agent("prefill"), pair.start_agent("decode")
+        engine = pair.start_engine("prefill")
+        wait_for(lambda: try_register(client, shared), timeout=30, what="decode agent socket")
+        prefill.wait_ready()
+        decode.wait_ready()
+        wait_for(lambda: decode.status()["ready"], timeout=30, what="decode paired")
+        engine.proc.send_signal(signal.SIGSTOP)
+        rooms = range(1 << 40, (1 << 40) + ABORTS)
+        kv = np.array([0], np.int32)
+        for room in rooms:
+            client.expect(room, kv, 0)
+        wait_for(lambda: prefill.status()["rooms"]["inflight"] == ABORTS, timeout=30,
+                 what=f"{ABORTS} rooms waiting at prefill")
+        started = time.monotonic()
+        for room in rooms:
+            client.abort(room, "fault matrix")
+        sent = time.monotonic() - started
+
+        def running() -> dict[str, int]:
+            return {a.tag.split("-")[0]: a.status()["rooms"]["inflight"] for a in (decode, prefill)}
+
+        while time.monotonic() - started < ABORT_BOUND and any(running().values()):
+            time.sleep(0.05)
+        drained = time.monotonic() - started
+        time.sleep(max(0.0, ABORT_BOUND - (time.monotonic() - started)))
+        left = running()
+        states = Counter(state for state, _ in client.poll_many(list(rooms)))
+        fault_row.observed = (
+            f"aborts sent in {sent * 1000:.0f} ms, no room running after {drained:.2f} s; at "
+            f"{ABORT_BOUND:g} s: decode {left['decode']}, prefill {left['prefill']} running; engine saw "
+            f"{states[0]} failed"
+        )
+        assert left == {"decode": 0, "prefill": 0}, fault_row.observed
+        assert states == Counter({0: ABORTS}), states  # KVPoll.Failed, every room
+        assert Counter(prefill.status()["rooms"]["finished"])["aborted"] == ABORTS
+        engine.proc.send_signal(signal.SIGCONT)
+        assert healthy(prefill) and healthy(decode)
+    finally:
+        client.close()
+        pair.stop()
+        shared.close()
+
+
+def try_register(client: AgentClient, shared: SharedPools) -> bool:
+    try:
+        client.connect()
+        client.register_pools(shared.regions, shared.fds)
+        return True
+    except ConnectionError:
+        return False
