@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -90,19 +90,19 @@ class FaultyTransport(Transport):
         self.injected = dict.fromkeys(KINDS, 0)
 
     # ---- passed through -------------------------------------------------------------------------
-    @property
-    def waker(self) -> Callable[[], None] | None:
-        return self.inner.waker
-
-    @waker.setter
-    def waker(self, value: Callable[[], None] | None) -> None:
-        self.inner.waker = value
+    def _pass_waker(self) -> None:
+        """The driving thread sets ``waker`` on this transport (a plain attribute: compiled callers
+        write it directly); the inner engine's thread calls its own, so it is handed on before every
+        write."""
+        if self.inner.waker is not self.waker:
+            self.inner.waker = self.waker
 
     @property
     def wake_fd(self) -> int | None:
         return self.inner.wake_fd
 
     def collect(self) -> None:
+        self._pass_waker()
         self.inner.collect()
 
     def describe(self) -> dict[str, Any]:
@@ -143,6 +143,7 @@ class FaultyTransport(Transport):
             self.injected[kind] += 1
         if kind == "submit":
             raise TransferFailed("injected fault: write refused at submit")
+        self._pass_waker()
         transfer = self.inner.write(peer, writes, overlap=overlap)
         if kind:
             self._fates[transfer] = (kind, time.monotonic() + plan.delay)
