@@ -62,6 +62,8 @@ from .synthetic import items_for_tokens
 log = logging.getLogger("pdpair.agent.decode")
 
 REGISTER_RETRY = 2.0
+WATCH_SOON = 0.1
+"""Of a heartbeat interval: how soon decode reads the bootstrap topology again after it could not."""
 PROOF_REFRESH = 60.0
 """Seconds an unanswered registration attempt is resent as it is before a new one replaces it
 (prefill accepts a proof for ``codec.auth.PROOF_WINDOW_NS``)."""
@@ -152,8 +154,11 @@ class DecodeWorker(RoleWorker):
         threading.Thread(target=self._watch, args=(stop,), name="pdpair-bootstrap-watch", daemon=True).start()
 
     def _watch(self, stop: threading.Event) -> None:
+        """Read the bootstrap topology once a heartbeat interval — ``WATCH_SOON`` as often while it
+        cannot be read (prefill between two instances): a replacement is found soon after it is up."""
         interval = self.cfg.transfer.heartbeat_interval_seconds
         while not stop.is_set():
+            wait = interval
             try:
                 topo = fetch_topology(
                     self.cfg.peer.bootstrap_host, self.cfg.peer.bootstrap_port, timeout=interval,
@@ -164,7 +169,8 @@ class DecodeWorker(RoleWorker):
             except (OSError, PDPairError) as exc:
                 with self._topology_lock:
                     self._topology_error = f"{type(exc).__name__}: {exc}"
-            stop.wait(interval)
+                wait = interval * WATCH_SOON
+            stop.wait(wait)
 
     def on_topology(self, topo: Topology, now: float) -> None:
         if not topo.complete:

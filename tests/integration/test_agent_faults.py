@@ -249,6 +249,43 @@ def test_frozen_decode_fails_rooms_by_deadline_without_holding_prefill(
         )
 
 
+def test_replaced_prefill_pairs_within_a_heartbeat_of_ready(tmp_path: Path, fault_row: FaultRow) -> None:
+    """Prefill replaced behind the same bootstrap address (a new pod behind the Service): decode pairs
+    with the new instance within one heartbeat of the new prefill being ready (its ready file, written
+    once every listener is bound), and rooms flow again."""
+    fault_row.fault = "prefill replaced behind the same bootstrap address"
+    fault_row.injected = "SIGTERM of prefill, a new prefill process started on the same bootstrap port"
+    fault_row.bound = f"decode paired with the new instance ≤ {HEARTBEAT:g} s after it is ready"
+    with pair(tmp_path, config(0, rps=10, tokens=(700,))) as (prefill, decode):
+        wait_for(lambda: decode.status()["requests"]["succeeded"] >= 2, timeout=30, what="first rooms")
+        old = decode.status()["prefill"]["0"]["instance"]
+        prefill.stop()
+        stopped_at = time.time()
+        replacement = AgentProcess(prefill.cfg, tmp_path, "prefill-new")
+        try:
+            ports = replacement.wait_ready()
+            ready_at = replacement.ready_path.stat().st_mtime
+
+            def paired_with_new() -> bool:
+                st = decode.status()
+                return bool(st["prefill"]["0"]["instance"] == ports["instance"] != old
+                            and st["prefill"]["0"]["state"] == "paired")
+
+            wait_for(paired_with_new, timeout=HEARTBEAT * MISSES + 5, every=0.05,
+                     what="decode paired with the new prefill")
+            since = peer_entry(decode)["since"]
+            assert since >= stopped_at, "decode's pairing is from before the swap"
+            took = since - ready_at  # < 0: paired while the new prefill was still writing its ready file
+            before = decode.status()["requests"]["succeeded"]
+            wait_for(lambda: decode.status()["requests"]["succeeded"] >= before + 3, timeout=30,
+                     what="rooms flowing again")
+            fault_row.observed = f"paired {took:.2f} s after the new prefill was ready"
+            assert took <= HEARTBEAT, fault_row.observed
+            assert decode.status()["requests"]["verification_failures"] == 0
+        finally:
+            replacement.stop()
+
+
 ABORTS = 1000
 ABORT_BOUND = 2.0
 
