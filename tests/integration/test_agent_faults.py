@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+import zmq
 from faults_support import FaultRow
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -284,6 +285,68 @@ def test_replaced_prefill_pairs_within_a_heartbeat_of_ready(tmp_path: Path, faul
             assert decode.status()["requests"]["verification_failures"] == 0
         finally:
             replacement.stop()
+
+
+FLOOD_SECONDS = 8.0
+
+
+def flood(port: int, seconds: float, size: int, count: int) -> int:
+    """A stranger pushes ``count`` junk messages of ``size`` bytes at ``port`` for at most ``seconds``;
+    returns how many it sent."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 10000)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    junk, sent, end = zmq.Frame(bytes(size)), 0, time.monotonic() + seconds
+    try:
+        while sent < count and time.monotonic() < end:
+            try:
+                sock.send(junk, zmq.NOBLOCK, copy=False)
+                sent += 1
+            except zmq.Again:
+                time.sleep(0.001)
+    finally:
+        sock.close()
+        ctx.destroy(linger=0)
+    return sent
+
+
+@pytest.mark.parametrize(("size", "count"), [(1024, 10_000_000), (60 << 20, 16)], ids=["1KiB", "60MB"])
+def test_flooded_prefill_keeps_or_restores_pairing(
+    tmp_path: Path, fault_row: FaultRow, size: int, count: int
+) -> None:
+    """A stranger floods prefill's control socket under load (junk at full speed for 8 s, or sixteen
+    60 MB messages): prefill answers it nothing, and the pairing holds or is restored within heartbeat x
+    misses + 1 s of the flood's end, with rooms flowing again. The worker serves its sources fairly, so
+    neither side loses the other's heartbeats meanwhile."""
+    what = f"{size >> 10} KiB" if size < 1 << 20 else f"{size >> 20} MB"
+    fault_row.fault = f"prefill's control socket flooded ({what} messages)"
+    fault_row.injected = f"a stranger's ZMQ PUSH: ≤ {count} junk messages of {what} in {FLOOD_SECONDS:g} s"
+    fault_row.bound = f"pairing kept; rooms flowing ≤ {DETECT_BOUND:.0f} s after the flood ends"
+    with pair(tmp_path, config(0, rps=20, tokens=(700,))) as (prefill, decode):
+        wait_for(lambda: decode.status()["requests"]["succeeded"] >= 3, timeout=30, what="first rooms")
+        sent = flood(prefill.ports["control_port"], FLOOD_SECONDS, size, count)
+        ended = time.monotonic()
+        before = decode.status()["requests"]["succeeded"]
+
+        def flowing() -> bool:
+            st = decode.status()
+            return bool(st["prefill"]["0"]["state"] == "paired" and st["requests"]["succeeded"] >= before + 3)
+
+        wait_for(flowing, timeout=DETECT_BOUND + 10, what="pairing and rooms after the flood", every=0.05)
+        took = time.monotonic() - ended
+        lost = sum(1 for agent in (prefill, decode) for f in agent.status()["rooms"]["recent_failures"]
+                   if "heartbeat lost" in f["reason"])
+        control = prefill.status()["control"]
+        dropped = sum(control["rejected"].values())
+        fault_row.observed = (
+            f"{sent} junk messages sent, {dropped} read and dropped by prefill; rooms flowing {took:.2f} s "
+            f"after the flood; {lost} room(s) failed by heartbeat loss"
+        )
+        assert took <= DETECT_BOUND, fault_row.observed
+        assert lost == 0, fault_row.observed  # a fair worker kept reading its peer's beats throughout
+        assert healthy(prefill) and healthy(decode)
 
 
 ABORTS = 1000
