@@ -62,6 +62,8 @@ from .synthetic import items_for_tokens
 log = logging.getLogger("pdpair.agent.decode")
 
 REGISTER_RETRY = 2.0
+WATCH_SOON = 0.1
+"""Of a heartbeat interval: how soon decode reads the bootstrap topology again after it could not."""
 PROOF_REFRESH = 60.0
 """Seconds an unanswered registration attempt is resent as it is before a new one replaces it
 (prefill accepts a proof for ``codec.auth.PROOF_WINDOW_NS``)."""
@@ -109,6 +111,7 @@ class DecodeWorker(RoleWorker):
         self._room_base = random.getrandbits(40) << 20
         self.made = self.completed = self.succeeded = self.verify_failures = 0
         self._next_request = 0.0
+        self._last_tick = 0.0
         self._quarantine: list[tuple[float, Sources]] = []
         self._reg_frames = self.registration_frames()
         tr = self.cfg.transfer
@@ -152,8 +155,11 @@ class DecodeWorker(RoleWorker):
         threading.Thread(target=self._watch, args=(stop,), name="pdpair-bootstrap-watch", daemon=True).start()
 
     def _watch(self, stop: threading.Event) -> None:
+        """Read the bootstrap topology once a heartbeat interval — ``WATCH_SOON`` as often while it
+        cannot be read (prefill between two instances): a replacement is found soon after it is up."""
         interval = self.cfg.transfer.heartbeat_interval_seconds
         while not stop.is_set():
+            wait = interval
             try:
                 topo = fetch_topology(
                     self.cfg.peer.bootstrap_host, self.cfg.peer.bootstrap_port, timeout=interval,
@@ -164,7 +170,8 @@ class DecodeWorker(RoleWorker):
             except (OSError, PDPairError) as exc:
                 with self._topology_lock:
                     self._topology_error = f"{type(exc).__name__}: {exc}"
-            stop.wait(interval)
+                wait = interval * WATCH_SOON
+            stop.wait(wait)
 
     def on_topology(self, topo: Topology, now: float) -> None:
         if not topo.complete:
@@ -233,11 +240,10 @@ class DecodeWorker(RoleWorker):
             self.status.peer_refused(peer.label, msg.reason, by="peer")
         elif isinstance(msg, Staged) and self.staged is not None:
             self.on_staged(peer, msg)
-        elif isinstance(msg, Heartbeat):
+        elif isinstance(msg, Heartbeat) and peer.state == "paired":
+            # A lost pairing comes back only through a new registration's Hello: beats prefill queued
+            # before it dropped this decode (a frozen decode reads them late) prove nothing now.
             peer.last_seen = now
-            if peer.state == "down":
-                peer.state = "paired"
-                self.paired(peer.label, peer.instance)
 
     def on_hello(self, peer: PrefillPeer, msg: Hello, now: float) -> None:
         try:
@@ -292,8 +298,14 @@ class DecodeWorker(RoleWorker):
             self._seen_topology = topo
             self.on_topology(topo, now)
         beat = self.beats.due(now)
+        stalled, self._last_tick = (now - self._last_tick if self._last_tick else 0.0), now
         for peer in self.peers.values():
-            if peer.state == "paired" and self.beats.lost(peer.last_seen, now):
+            if peer.state == "paired" and stalled > self.beats.limit:
+                # This worker sent no beat for longer than prefill waits for one (the process was frozen):
+                # prefill has dropped the pairing and ignores it, whatever beats it left queued here say.
+                self.lose(peer, f"decode stalled {stalled:.1f}s: pairing with {peer.label} presumed lost")
+                peer.last_register = now - REGISTER_RETRY  # register again on the next turn
+            elif peer.state == "paired" and self.beats.lost(peer.last_seen, now):
                 self.lose(peer, f"prefill {peer.label} heartbeat lost: none for {now - peer.last_seen:.1f}s")
                 peer.last_register = now
             elif peer.state == "paired" and beat is not None:

@@ -4,7 +4,8 @@
 an ``AgentConfig`` and, optionally, pre-made pools (adopted engine memory), a transport, the engine SDK
 module the configured transport should use instead of importing its own (``transport_sdk``: how tests
 run ``backend: mori`` through ``dataplane.transports.mori_double``, the MoRI hardware test double,
-without patching anything) and a pod-condition reporter. ``start`` returns once every listener is bound;
+without patching anything), a wrapper around the transport (``wrap_transport``: the fault matrix's
+injected faults) and a pod-condition reporter. ``start`` returns once every listener is bound;
 ``ports`` then says where (ports 0 in the config pick free ones).
 """
 
@@ -76,6 +77,7 @@ class AgentRuntime:
         reporter: ConditionReporter | None = None,
         worker_factory: Callable[..., RoleWorker] | None = None,
         transport_sdk: ModuleType | None = None,
+        wrap_transport: Callable[[Transport], Transport] | None = None,
     ):
         self.cfg = cfg
         self.key = cfg.auth.read_key()
@@ -91,6 +93,8 @@ class AgentRuntime:
         # The staged path's buffers are registered right after the pools' regions (region ids follow).
         self.staging = StagingMemory.for_agent(cfg, self.pools)
         self.transport = transport or make_transport(cfg, self.agent_id, transport_sdk)
+        if wrap_transport is not None:  # the fault matrix's ``FaultyTransport`` (``transports.faulty``)
+            self.transport = wrap_transport(self.transport)
         try:
             self._build(cfg, reporter, worker_factory)
         except BaseException:

@@ -4,6 +4,9 @@ The operator renders ``pdpair-agent run --role <role> --config /etc/pdpair/confi
 $(POD_IP) --pod-name $(POD_NAME) --namespace $(POD_NAMESPACE)``; flags override the file's fields.
 With a pod name and namespace, handshake outcomes are reported as the pod condition
 ``pdpair.io/TransferReady``.
+
+For tests and the fault matrix only: ``PDPAIR_TEST_FAULTS`` (e.g. ``rate=0.3,seed=7``) wraps the agent's
+transport in ``dataplane.transports.faulty.FaultyTransport``, which fails, loses and delays writes.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import BadInput
 from .args import add_log_level, integer, output_file, plain
+
+FAULTS_ENV = "PDPAIR_TEST_FAULTS"
+"""Injected transport faults (tests and the fault matrix only; ``transports.faulty.FaultPlan``)."""
 
 BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
@@ -115,6 +122,19 @@ def cannot_listen(cfg: Any, reason: str) -> str:
     )
 
 
+def fault_wrapper(env: Mapping[str, str]) -> Any:
+    """The ``FaultyTransport`` wrapper ``PDPAIR_TEST_FAULTS`` asks for, else None."""
+    text = env.get(FAULTS_ENV)
+    if not text:
+        return None
+    from ..transports.faulty import FaultPlan, FaultyTransport
+
+    plan = FaultPlan.parse(text, FAULTS_ENV)
+    log = logging.getLogger("pdpair.agent")
+    log.warning("%s=%s: injecting transport faults (tests only)", FAULTS_ENV, text)
+    return lambda transport: FaultyTransport(transport, plan)
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
     from ..agent import AgentRuntime
@@ -123,12 +143,13 @@ def run(args: argparse.Namespace) -> int:
     tight_timers()  # before any thread starts: the engine's progress threads inherit it
 
     cfg = load(args)
+    wrap = fault_wrapper(os.environ)
     if cfg.localapi.engine.mode == "external":
         from ..localapi.sidecar import serve
 
         return serve(cfg, reporter=pod_reporter(cfg), ready_file=args.ready_file)
     try:
-        runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg)).start()
+        runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg), wrap_transport=wrap).start()
     except Exception as exc:
         code = getattr(exc, "errno", None)  # OSError, and zmq.ZMQError which is not one
         if code not in BIND_ERRNOS:
