@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,9 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+RESTART_ATTEMPTS = 20
 
 
 @dataclass
@@ -303,15 +307,25 @@ class Cluster:
 
     def restart(self, name: str, timeout: float = 120) -> float:
         """Kill one component with SIGKILL and start it again with the same arguments (a crash and
-        its supervisor's restart); returns the seconds until the API server is ready again."""
+        its supervisor's restart); returns the seconds until the API server is ready again.
+
+        Between the two, another process's outgoing connection can be given the component's port as
+        its ephemeral port; the new component then exits at once ("address already in use") and is
+        started again, as a supervisor would, until ``timeout``."""
         args = {"kube-apiserver": self._apiserver_args, "kube-scheduler": self._scheduler_args,
                 "kube-controller-manager": self._controller_manager_args, "kwok": self._kwok_args}[name]
         begin = time.monotonic()
+        deadline = begin + timeout
         pid = self.pids.pop(name, None)
         if pid is not None and self._is_ours(name, pid):
             procs.kill_group(pid, proc=self._popen.pop(name, None))
-        self._launch(name, args())
-        self.wait_ready(timeout)
+        for _ in range(RESTART_ATTEMPTS):
+            self._launch(name, args())
+            exited = procs.wait_until(partial(_exited, self._popen[name]), timeout=3.0, interval=0.1)
+            if not exited or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        self.wait_ready(max(1.0, deadline - time.monotonic()))
         return time.monotonic() - begin
 
     def add_node(self, name: str) -> None:
@@ -527,6 +541,10 @@ class Cluster:
         }
         config.write_text(yaml.safe_dump(head) + "---\n" + KWOK_STAGES.read_text())
         return [f"--kubeconfig={self.pki.kubeconfig('kwok')}", f"--config={config}"]
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    return proc.poll() is not None
 
 
 def _condition_true(obj: dict[str, Any], kind: str) -> bool:
