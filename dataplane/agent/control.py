@@ -58,6 +58,9 @@ _EVENTS, _POLLIN, _POLLINOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLIN 
 _WAKE_IDS = itertools.count()
 FD_SETSIZE = 1024
 SPIN_CHECKS = 1_000_000
+ZMQ_RUN = 8
+"""At most this many ZMQ messages in a row while the lanes have messages waiting: the ZMQ socket is open
+to the pod network and a flood of it must not starve a paired peer's lane (its heartbeats, its rooms)."""
 """Most readiness checks in one ``Inbox.spin`` (its deadline normally ends it far sooner)."""
 
 
@@ -108,6 +111,8 @@ class Inbox:
         self._fd = self._sock.getsockopt(zmq.FD)
         self.lanes = lanes
         self._queued: deque[list[bytes]] = deque()
+        self._zmq_run = 0
+        """ZMQ messages returned since the lanes were last looked at (``ZMQ_RUN`` at most)."""
         self._polled: dict[int, int] = {}
         self.sleeping = False
         """The worker is in (or about to enter) a blocking wait: a hand-off must send ``WAKE``."""
@@ -165,10 +170,20 @@ class Inbox:
         waited, woken = False, False
         for _ in range(1000):  # lane traffic that is not yet a whole message (a hello, a partial read)
             if self._queued:
+                self._zmq_run = 0
                 return self._queued.popleft()
             if sock.getsockopt(_EVENTS) & _POLLIN:
+                if lanes is not None and self._zmq_run >= ZMQ_RUN:
+                    self._zmq_run = 0  # a ZMQ flood must not starve the lanes: look at them now
+                    ready = self._ready(0.0)
+                    ready.discard(self._fd)
+                    self._queued.extend(lanes.service(ready))
+                    if self._queued:
+                        return self._queued.popleft()
                 with contextlib.suppress(zmq.Again):
-                    return sock.recv_multipart(flags=zmq.NOBLOCK)
+                    msg = sock.recv_multipart(flags=zmq.NOBLOCK)
+                    self._zmq_run += 1
+                    return msg
             if waited and (woken or time.monotonic() >= deadline):
                 return None
             ready = self._ready(max(0.0, deadline - time.monotonic()))

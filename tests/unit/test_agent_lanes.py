@@ -332,3 +332,27 @@ def test_inbox_spin_ends_at_a_helpers_hand_off(two_inboxes):
         timer.cancel()
     assert 0.04 < time.monotonic() - start < 4.0 and a.inbox.handed_over
     assert a.inbox.recv(0) is None and not a.inbox.handed_over
+
+
+def test_a_zmq_flood_does_not_starve_the_lanes(two_inboxes):
+    """With hundreds of ZMQ messages queued, a lane's message is read within ``ZMQ_RUN`` + 1 messages:
+    the ZMQ socket faces the pod network, the lane a paired peer."""
+    from dataplane.agent.control import ZMQ_RUN
+
+    a, b = two_inboxes
+    b.lanes.dial(a.address, "127.0.0.1", a.lanes.port, a.lanes.invite(b.address), b.address)
+    b.push.send(a.address, [b"lane up"])
+    assert a.inbox.recv(2.0) == [b"lane up"] and list(a.lanes.by_address) == [b.address]
+    flood = a.inbox._ctx.socket(zmq.PUSH)
+    flood.connect(a.address)
+    for i in range(500):
+        flood.send_multipart([b"junk", str(i).encode()])
+    deadline = time.monotonic() + 5
+    while not a.inbox._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the whole flood has reached a's socket
+    b.push.send(a.address, [b"heartbeat"])
+    time.sleep(0.2)  # and the lane's message its kernel buffer
+    got = [a.inbox.recv(1.0) for _ in range(ZMQ_RUN + 2)]
+    flood.close(linger=0)
+    assert [b"heartbeat"] in got[: ZMQ_RUN + 2], [m[:1] for m in got if m]
