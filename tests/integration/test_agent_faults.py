@@ -238,6 +238,11 @@ def test_frozen_decode_fails_rooms_by_deadline_without_holding_prefill(
             assert len(failures) >= stuck["inflight"], failures
             assert all(f["after_seconds"] <= deadline * 1.1 for f in failures), failures
             assert freed_after <= deadline * 1.1, freed_after
+            # Prefill dropped decode a heartbeat limit after decode's last beat, and decode's last turn
+            # may have come up to a beat later: frozen one limit more, the stall decode sees on waking is
+            # past the limit in any phase, so it registers again at once.
+            tr = decode.cfg.transfer
+            time.sleep(tr.heartbeat_interval_seconds * tr.heartbeat_misses)
         finally:
             decode.signal(signal.SIGCONT)
         resumed = time.time()

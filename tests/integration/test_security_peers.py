@@ -144,6 +144,10 @@ def test_a_decode_prefill_dropped_gets_no_answer_then_pairs_again() -> None:
             return bool(peers) and all(p["state"] == "down" for p in peers.values())
 
         wait_for(dropped, timeout=20, what="decode dropped by prefill")
+        # Prefill drops decode a heartbeat limit after decode's last beat, and decode's last turn may have
+        # come up to a beat later: frozen one limit more, decode's stall is past the limit in any phase.
+        tr = decode.cfg.transfer
+        time.sleep(tr.heartbeat_interval_seconds * tr.heartbeat_misses)
         decode.signal(signal.SIGCONT)
         wait_for(lambda: "decode stalled" in decode.log_path.read_text(), what="decode's stall noticed")
         wait_for(lambda: decode.status()["prefill"]["0"]["state"] == "paired", what="paired again")
