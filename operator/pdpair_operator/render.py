@@ -15,7 +15,7 @@ from typing import Any
 
 from dataplane import config as agent_config
 
-from . import naming
+from . import naming, resources
 from .observe import Owner
 from .spec import API_VERSION, KIND, PDPairSpec, Role
 
@@ -227,34 +227,18 @@ def _gpu_resources(spec: PDPairSpec, role: Role, on_agent: bool) -> dict[str, An
 
 
 def _engine_resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
-    """A sidecar engine's resources: its GPUs (see ``_gpu_resources``), CPU/memory, huge pages."""
-    out = _gpu_resources(spec, role, on_agent=False)
-    res = spec.engine.resources
-    requests = {k: v for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v}
-    if res.huge_pages:
-        requests["hugepages-2Mi"] = res.huge_pages
-        out["limits"] = {**out.get("limits", {}), "hugepages-2Mi": res.huge_pages}
-    if requests:
-        out["requests"] = requests
-    return out
+    """A sidecar engine's resources: its GPUs (see ``_gpu_resources``), CPU/memory, huge pages
+    (``resources.engine_resources``)."""
+    return resources.merge(_gpu_resources(spec, role, on_agent=False), resources.engine_resources(spec, role))
 
 
 def _resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
-    """The agent container's resources: its GPUs (see ``_gpu_resources``), RDMA devices, CPU/memory."""
-    rs = spec.role(role)
-    out = _gpu_resources(spec, role, on_agent=True)
-    limits: dict[str, str] = dict(out.get("limits", {}))
-    requests: dict[str, str] = {}
-    if rs.resources.rdma.count > 0:
-        limits[rs.resources.rdma.resource_name] = str(rs.resources.rdma.count)
-    for key, value in (("cpu", rs.resources.cpu), ("memory", rs.resources.memory)):
-        if value:
-            requests[key] = value
-    if limits:
-        out["limits"] = limits
-    if requests:
-        out["requests"] = requests
-    return out
+    """The agent container's resources: its GPUs (see ``_gpu_resources``), RDMA devices, CPU/memory
+    (``resources.agent_resources``)."""
+    rdma = spec.role(role).resources.rdma
+    devices = {"limits": {rdma.resource_name: str(rdma.count)}} if rdma.count > 0 else {}
+    return resources.merge(_gpu_resources(spec, role, on_agent=True), devices,
+                           resources.agent_resources(spec, role))
 
 
 def build_gpu_claim_template(owner: Owner, generation: str, role: Role) -> dict[str, Any] | None:

@@ -82,7 +82,13 @@ class Resources(_Spec, frozen=True):
     """dra only; None: the vendor's class, from the domain of ``gpu_resource_name``."""
     rdma: Rdma = Rdma()
     cpu: str | None = None
+    """The agent container's CPU request; None: derived from its threads (``resources.py``)."""
     memory: str | None = None
+    """The agent container's memory request; None: derived from the pools it holds."""
+    cpu_limit: str | None = None
+    """The agent's CPU limit; None: its request (Guaranteed QoS when every container has both)."""
+    memory_limit: str | None = None
+    """The agent's memory limit; None: its request."""
 
     @property
     def dra(self) -> bool:
@@ -149,7 +155,8 @@ class UpdateStrategy(_Spec, frozen=True):
 
 
 class EngineResources(_Spec, frozen=True):
-    """The engine container's requests (Kubernetes quantities). ``huge_pages``: 2 MiB huge pages
+    """The engine container's requests and limits (Kubernetes quantities); unset: derived for the
+    synthetic engine, none for a named image (``resources.py``). ``huge_pages``: 2 MiB huge pages
     (``hugepages-2Mi``, request = limit) for its host pools: copies into ordinary shared pages are
     slower (0.6-0.9 times the rate measured, docs/sidecar.md); Kubernetes requires ``cpu`` or
     ``memory`` beside them. Only for a sidecar engine (the CRD refuses it otherwise)."""
@@ -157,6 +164,10 @@ class EngineResources(_Spec, frozen=True):
     cpu: str | None = None
     memory: str | None = None
     huge_pages: str | None = None
+    cpu_limit: str | None = None
+    """None: the CPU request."""
+    memory_limit: str | None = None
+    """None: the memory request."""
 
 
 class Engine(_Spec, frozen=True):

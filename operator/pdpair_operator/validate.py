@@ -1,13 +1,10 @@
 """What the CRD cannot check about a spec, checked before any pod exists: the agents' own config and
 schema check on the config the operator renders, and the pools against the memory of the container
-that holds them. A spec failing either gets the ``InvalidSpec`` condition instead of pods that would
+that holds them, and the CPU/memory quantities it names (``resources.problems``). A spec failing either gets the ``InvalidSpec`` condition instead of pods that would
 only crash. Pure: the planner calls ``invalid_reason``.
 """
 
 from __future__ import annotations
-
-import re
-from decimal import Decimal, InvalidOperation
 
 import msgspec
 
@@ -15,32 +12,12 @@ from dataplane.config import dump_config, parse_config
 from dataplane.errors import BadInput
 from dataplane.schema.profiles import schema_from_config
 
-from . import render
+from . import render, resources
 from .observe import Owner
+from .quantity import BadQuantity, quantity_bytes
 from .spec import ROLES, PDPairSpec, Role
 
-_SUFFIX: dict[str, int | Decimal] = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": Decimal("0.001")}
-_QUANTITY = re.compile(
-    r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]{1,3}))?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
-
-
-class BadQuantity(ValueError):
-    pass
-
-
-def quantity_bytes(text: str) -> int:
-    """A Kubernetes quantity (``64Gi``, ``500M``, ``1e9``) in bytes, rounded up."""
-    match = _QUANTITY.match(text.strip())
-    if match is None:
-        raise BadQuantity(text)
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number) * Decimal(10) ** int(exponent or 0) * _SUFFIX[suffix or ""]
-    except InvalidOperation:
-        raise BadQuantity(text) from None
-    return int(value.to_integral_value(rounding="ROUND_CEILING"))
+__all__ = ["BadQuantity", "invalid_reason", "quantity_bytes"]
 
 
 def _gib(n: int) -> str:
@@ -91,8 +68,8 @@ def invalid_reason(owner: Owner, generation: str) -> tuple[str, str] | None:
     key = msgspec.json.encode((owner.name, owner.namespace, generation, owner.spec))
     if key in _CHECKED:
         return _CHECKED[key]
-    found = None
-    for role in ROLES:
+    found = resources.problems(owner.spec)
+    for role in ROLES if found is None else ():
         found = _check_role(owner, generation, role)
         if found is not None:
             break
