@@ -118,9 +118,12 @@ def _http_ok(opener: urllib.request.OpenerDirector, url: str) -> bool:
         return False
 
 
-NVIDIA_NODE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+NVIDIA_NODE_RESOURCES = {
+    "cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110", "nvidia.com/gpu": "8",
+}
 AMD_NODE_RESOURCES = {
-    "cpu": "64", "memory": "512Gi", "pods": "110", "amd.com/gpu": "8", "rdma/hca_shared_devices_a": "8",
+    "cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110", "amd.com/gpu": "8",
+    "rdma/hca_shared_devices_a": "8",
 }
 AMD_NODE_LABELS = {"node.kubernetes.io/instance-type": "mi300x"}
 AMD_NODE_TAINT = {"key": "amd.com/gpu", "value": "present", "effect": "NoSchedule"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-__all__ = ["BadQuantity", "parse", "quantity_bytes", "cpu_cores", "format_bytes", "format_cores"]
+__all__ = ["BadQuantity", "cpu_cores", "format_bytes", "format_cores", "parse", "quantity_bytes"]
 
 _SCALE: dict[str, Decimal] = {
     "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),

@@ -29,10 +29,17 @@ from dataplane.config import AgentConfig, ModelConfig, RoleConfig, TransferConfi
 from dataplane.schema.profiles import schema_from_config
 
 from .quantity import GI, MI, BadQuantity, cpu_cores, format_bytes, format_cores, quantity_bytes
-from .spec import PDPairSpec, Role
+from .spec import ROLES, PDPairSpec, Role
 
-__all__ = ["agent_resources", "engine_resources", "host_pool_bytes", "problems", "AGENT_BASE_MEMORY",
-           "CUDA_HOST_MEMORY", "ENGINE_BASE_MEMORY"]
+__all__ = [
+    "AGENT_BASE_MEMORY",
+    "CUDA_HOST_MEMORY",
+    "ENGINE_BASE_MEMORY",
+    "agent_resources",
+    "engine_resources",
+    "host_pool_bytes",
+    "problems",
+]
 
 AGENT_BASE_MEMORY = 512 * MI
 """The agent process without its pools (Python, numpy, NIXL/UCX, ZMQ, its threads): 212 MiB resident
@@ -151,12 +158,21 @@ def merge(*parts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _derived_cpu(cores: int, limit: str | None) -> str:
+    """A derived CPU request, at most the limit the spec names (the API server refuses more)."""
+    return limit if limit is not None and cpu_cores(limit) < cores else format_cores(cores)
+
+
+def _derived_memory(n: int, limit: str | None) -> str:
+    return limit if limit is not None and quantity_bytes(limit) < n else format_bytes(n)
+
+
 def agent_resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     """The agent container's CPU, memory and ephemeral storage: the spec's where it names them
     (``<role>.resources.cpu`` ...), derived otherwise."""
     res = spec.role(role).resources
-    cpu = res.cpu or format_cores(agent_cores(spec, role))
-    memory = res.memory or format_bytes(agent_memory_bytes(spec, role))
+    cpu = res.cpu or _derived_cpu(agent_cores(spec, role), res.cpu_limit)
+    memory = res.memory or _derived_memory(agent_memory_bytes(spec, role), res.memory_limit)
     return merge(_requirements(cpu, memory, res.cpu_limit, res.memory_limit, {}), _ephemeral())
 
 
@@ -169,17 +185,17 @@ def engine_resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
         return _requirements(res.cpu, res.memory, res.cpu_limit, res.memory_limit, huge)
     cfg = pool_config(spec, role)
     pools = 0 if _pools_in_huge_pages(spec, cfg) else host_pool_bytes(cfg)
-    cpu = res.cpu or "1"
+    cpu = res.cpu or _derived_cpu(1, res.cpu_limit)
     cuda = CUDA_HOST_MEMORY if cfg.transfer.device == "cuda" else 0
-    memory = res.memory or format_bytes(_ceil(ENGINE_BASE_MEMORY + pools + cuda, MI))
+    memory = res.memory or _derived_memory(_ceil(ENGINE_BASE_MEMORY + pools + cuda, MI), res.memory_limit)
     return merge(_requirements(cpu, memory, res.cpu_limit, res.memory_limit, huge), _ephemeral())
 
 
 def _pairs(spec: PDPairSpec) -> list[tuple[str, str | None, str | None, str]]:
     """(setting, request, limit, kind) for every request/limit pair a spec can name."""
     out = []
-    for role in ("prefill", "decode"):
-        r = spec.role(role).resources  # type: ignore[arg-type]
+    for role in ROLES:
+        r = spec.role(role).resources
         out += [(f"{role}.resources.cpu", r.cpu, r.cpu_limit, "cpu"),
                 (f"{role}.resources.memory", r.memory, r.memory_limit, "bytes")]
     e = spec.engine.resources

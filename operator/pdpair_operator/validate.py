@@ -1,7 +1,8 @@
 """What the CRD cannot check about a spec, checked before any pod exists: the agents' own config and
-schema check on the config the operator renders, and the pools against the memory of the container
-that holds them, and the CPU/memory quantities it names (``resources.problems``). A spec failing either gets the ``InvalidSpec`` condition instead of pods that would
-only crash. Pure: the planner calls ``invalid_reason``.
+schema check on the config the operator renders, the pools against the memory of the container that
+holds them, and the CPU/memory quantities it names (``resources.problems``). A spec failing any gets
+the ``InvalidSpec`` condition instead of pods that would only crash. Pure: the planner calls
+``invalid_reason``.
 """
 
 from __future__ import annotations

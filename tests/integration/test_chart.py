@@ -159,13 +159,25 @@ def test_monitors_and_network_policy_render_when_enabled() -> None:
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     (pm,) = find(objects, "PodMonitor")
     assert pm["spec"]["selector"]["matchLabels"]["pdpair.io/child"] == "pod"
-    (np,) = find(objects, "NetworkPolicy")
+    (np,) = (o for o in find(objects, "NetworkPolicy") if o["metadata"]["name"] != "pdp-pdpair-operator")
     assert np["spec"]["podSelector"]["matchLabels"]["pdpair.io/name"] == "demo"
     peers = {"podSelector": {"matchLabels": {"pdpair.io/name": "demo"}}}
     assert np["spec"]["policyTypes"] == ["Egress"] and "ingress" not in np["spec"]
     assert peers in np["spec"]["egress"][0]["to"]
     assert {"ipBlock": {"cidr": "10.0.0.1/32"}} in np["spec"]["egress"][2]["to"]
-    assert not find(template(), "NetworkPolicy") and not find(template(), "ServiceMonitor")
+    assert [o["metadata"]["name"] for o in find(template(), "NetworkPolicy")] == ["pdp-pdpair-operator"]
+    assert not find(template(), "ServiceMonitor")
+
+
+def test_operator_network_policy_admits_only_the_scraper_to_the_metrics_port() -> None:
+    (np,) = find(template(), "NetworkPolicy")
+    assert np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = np["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {},
+                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    assert not find(template({"networkPolicy.operator": "false"}), "NetworkPolicy")
 
 
 @pytest.mark.parametrize("bad", [

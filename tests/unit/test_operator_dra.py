@@ -31,8 +31,19 @@ def render_role(role: str = "decode", **spec: Any) -> tuple[dict[str, Any], dict
             render.build_gpu_claim_template(owner, gen, role))
 
 
+COMPUTE = {"cpu", "memory", "ephemeral-storage"}
+"""Resources every container gets (tests/unit/test_operator_resources.py); here only devices matter."""
+
+
 def containers(pod_spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["name"]: c.get("resources", {}) for c in pod_spec["containers"]}
+    """Each container's device resources: claims and device limits, CPU/memory/storage left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in pod_spec["containers"]:
+        res = c.get("resources", {})
+        kept = {k: {r: q for r, q in v.items() if r not in COMPUTE} if k != "claims" else v
+                for k, v in res.items()}
+        out[c["name"]] = {k: v for k, v in kept.items() if v}
+    return out
 
 
 def test_sidecar_engine_and_agent_reference_the_same_claim() -> None:
@@ -94,7 +105,8 @@ def test_device_plugin_gpus_go_to_one_container_the_sidecar_engine_if_any() -> N
                                     decode=role_spec({"gpus": 2, "cpu": "4"}))
     res = containers(sidecar)
     assert res["engine"] == {"limits": {"nvidia.com/gpu": "2"}}
-    assert res["agent"] == {"requests": {"cpu": "4"}}, "the agent gets no device-plugin GPU"
+    assert res["agent"] == {}, "the agent gets no device-plugin GPU"
+    assert sidecar["containers"][0]["resources"]["requests"]["cpu"] == "4"
     assert template is None and "resourceClaims" not in sidecar
 
 

@@ -73,9 +73,10 @@ def test_gpu_and_rdma_resources() -> None:
                                 "resources": {"gpuResourceName": "amd.com/gpu",
                                               "rdma": {"resourceName": "rdma/hca", "count": 1}}})
     pod = render.build_pod(owner, "g", "prefill", 0)
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4", "rdma/hca": "1"}
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert (limits["amd.com/gpu"], limits["rdma/hca"]) == ("4", "1")
     none = render.build_pod(make_owner(decode={"replicas": 1, "resources": {"gpus": 0}}), "g", "decode", 0)
-    assert "resources" not in none["spec"]["containers"][0]
+    assert set(none["spec"]["containers"][0]["resources"]["limits"]) == {"cpu", "memory", "ephemeral-storage"}
 
 
 def test_agent_config_carries_generation_and_decode_finds_its_generations_bootstrap() -> None:

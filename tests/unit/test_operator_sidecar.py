@@ -61,11 +61,14 @@ def test_engine_resources_and_huge_pages_go_to_the_engine_container_only():
     resources = {"cpu": "4", "memory": "16Gi", "hugePages": "2Gi"}
     spec, _ = pod_and_config(engine={"mode": "sidecar", "resources": resources})
     agent, eng = spec["containers"]
-    assert eng["resources"]["requests"] == {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "2Gi"}
-    assert eng["resources"]["limits"] == {"nvidia.com/gpu": "1", "hugepages-2Mi": "2Gi"}
+    storage = {"ephemeral-storage": "256Mi"}
+    assert eng["resources"]["requests"] == {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "2Gi", **storage}
+    assert eng["resources"]["limits"] == {"nvidia.com/gpu": "1", "hugepages-2Mi": "2Gi", "cpu": "4",
+                                          "memory": "16Gi", "ephemeral-storage": "1Gi"}
     assert "hugepages-2Mi" not in str(agent.get("resources"))
     spec, _ = pod_and_config(engine={"mode": "sidecar"})
-    assert spec["containers"][1]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    limits = spec["containers"][1]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and "hugepages-2Mi" not in limits
 
 
 def test_default_pods_keep_the_in_process_engine():
