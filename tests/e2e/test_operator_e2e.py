@@ -72,6 +72,13 @@ def children(cluster: Cluster, ns: str, name: str) -> dict[str, list[dict[str, A
     ({"engine": {"mode": "sidecar", "resources": {"hugePages": "1Gi"}}},
      "engine.resources.hugePages needs engine.resources.cpu or memory"),
     ({"engine": {"resources": {"memory": "1Gi"}}}, "engine.resources applies to a sidecar engine"),
+    ({"decode": {"resources": {"memory": "lots"}}},
+     "resources.memory must be a non-negative Kubernetes quantity, for example 64Gi"),
+    ({"prefill": {"resources": {"cpu": "-1"}}}, "resources.cpu must be a non-negative Kubernetes quantity"),
+    ({"prefill": {"resources": {"cpu": "4", "cpuLimit": "3500m"}}},
+     "resources.cpuLimit must be at least resources.cpu (its request)"),
+    ({"engine": {"mode": "sidecar", "resources": {"memory": "2Gi", "memoryLimit": "1Gi"}}},
+     "engine.resources.memoryLimit must be at least engine.resources.memory (its request)"),
 ])
 def test_invalid_pdpair_is_rejected_with_the_cel_message(cluster: Cluster, ns: str, patch: dict[str, Any],
                                                          message: str) -> None:
