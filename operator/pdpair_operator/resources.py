@@ -7,10 +7,11 @@ A limit equals its request unless the spec names a larger one: a pod whose conta
 and memory requests equal to limits is Guaranteed (the last the kubelet evicts under memory pressure;
 whole cores under the static CPU manager). The formula (docs/operator.md, "Resources"):
 
-- agent memory = ``AGENT_BASE_MEMORY`` + the host pools of its rank (transfer.device cpu: the pools'
-  regions from the model profile or components, each rounded up to 2 MiB; in sidecar mode the engine's
-  shared pools unless they fit the engine's huge pages, since decode's agent may be the first to touch
-  a page and shared memory is charged to whoever touches it first) + host staging buffers
+- agent memory = ``AGENT_BASE_MEMORY`` + the host pools of its rank (the one rank the pod's agent
+  serves, ``render.agent_command``; transfer.device cpu: the pools' regions from the model profile or
+  components, each rounded up to 2 MiB; in sidecar mode the engine's shared pools unless they fit the
+  engine's huge pages, since decode's agent may be the first to touch a page and shared memory is
+  charged to whoever touches it first) + host staging buffers
   (``transfer.staged``) + ``CUDA_HOST_MEMORY`` when the pools are on the GPU;
 - agent CPU = one core for the role worker, one for the posting thread (prefill on host memory, NIXL
   ``postThread``) or NIXL's ``numThreads``, one for UCX's progress thread where it runs, and MoRI's
@@ -38,6 +39,8 @@ __all__ = [
     "agent_resources",
     "engine_resources",
     "host_pool_bytes",
+    "merge",
+    "pool_config",
     "problems",
 ]
 
