@@ -85,17 +85,31 @@ _CHECKED: dict[bytes, tuple[str, str] | None] = {}
 _CHECKED_MAX = 4096
 
 
+def _check_engine(owner: Owner) -> tuple[str, str] | None:
+    """An sglang engine needs its image, and writes its own command (the CRD says so at apply)."""
+    engine = owner.spec.engine
+    if engine.sglang is None:
+        return None
+    if not engine.image:
+        return ("EngineImageMissing", "engine.sglang needs engine.image: an sglang image with PDPair's "
+                "plugin (Dockerfile target sglang)")
+    if engine.command or engine.args:
+        return ("EngineCommandConflict", "engine.sglang writes the engine's command: put more sglang "
+                "arguments in engine.sglang.args")
+    return None
+
+
 def invalid_reason(owner: Owner, generation: str) -> tuple[str, str] | None:
     """(reason, one-line message) for a spec no pod can serve, or None. Memoised on the spec: the
     planner asks on every pass."""
     key = msgspec.json.encode((owner.name, owner.namespace, generation, owner.spec))
     if key in _CHECKED:
         return _CHECKED[key]
-    found = None
+    found = _check_engine(owner)
     for role in ROLES:
-        found = _check_role(owner, generation, role)
         if found is not None:
             break
+        found = _check_role(owner, generation, role)
     if len(_CHECKED) >= _CHECKED_MAX:
         _CHECKED.clear()
     _CHECKED[key] = found
