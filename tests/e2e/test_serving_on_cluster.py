@@ -48,7 +48,8 @@ def dry_run(cluster: Cluster, ns: str, objects: list[dict[str, Any]]) -> str:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_every_example_with_sglang_passes_server_side_dry_run(cluster: Cluster, ns: str, example: Path) -> None:
+def test_every_example_with_sglang_passes_server_side_dry_run(cluster: Cluster, ns: str,
+                                                              example: Path) -> None:
     doc = with_sglang(yaml.safe_load(example.read_text()))
     doc["metadata"].pop("namespace", None)
     out = dry_run(cluster, ns, [doc])
@@ -61,7 +62,8 @@ def test_every_example_with_sglang_passes_server_side_dry_run(cluster: Cluster, 
         obj["metadata"].pop("ownerReferences")  # the owner is not stored: a dry run
     out = dry_run(cluster, ns, objects)
     assert out.count("(server dry run)") == len(objects), out
-    engines = [c for o in objects if o["kind"] == "Pod" for c in o["spec"]["containers"] if c["name"] == "engine"]
+    engines = [c for o in objects if o["kind"] == "Pod"
+               for c in o["spec"]["containers"] if c["name"] == "engine"]
     assert all("pdpair" in e["args"] for e in engines)
 
 

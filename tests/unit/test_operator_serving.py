@@ -5,6 +5,7 @@ the current generation's prefill and decode pods through the API server."""
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import pytest
 from operator_world import World, make_owner
@@ -36,7 +37,7 @@ def test_sglang_engine_runs_launch_server_with_the_pdpair_backend_and_the_role_s
     eng = engine_of(prefill)
     assert eng["image"] == IMAGE and eng["command"] == ["python3", "-m", "sglang.launch_server"]
     args = eng["args"]
-    pairs = dict(zip(args[::1], args[1::1], strict=False))
+    pairs = dict(itertools.pairwise(args))
     assert pairs["--disaggregation-transfer-backend"] == "pdpair"
     assert pairs["--disaggregation-mode"] == "prefill" and pairs["--tp-size"] == "2"
     assert pairs["--disaggregation-bootstrap-port"] == str(owner.spec.ports.bootstrap)
