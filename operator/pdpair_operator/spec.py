@@ -227,6 +227,11 @@ class PDPairSpec(_Spec, frozen=True):
         return self.prefill if role == "prefill" else self.decode
 
     @property
+    def layout_from_engine(self) -> bool:
+        """No layout in the spec: the engine registers its pools and the agents adopt their layout."""
+        return self.model.profile is None and not self.model.components and bool(self.engine.image)
+
+    @property
     def serves(self) -> bool:
         """An sglang pair with its router: the PDPair serves requests, not only the canary."""
         return self.engine.sglang is not None and self.router.enabled

@@ -58,11 +58,14 @@ def _pool_memory(spec: PDPairSpec, role: Role) -> tuple[str, list[str]]:
 
 def _check_role(owner: Owner, generation: str, role: Role) -> tuple[str, str] | None:
     rendered = dump_config(render.agent_config_for(owner, generation, role))
+    spec = owner.spec
     try:
-        schema = schema_from_config(parse_config(rendered, source=f"the {role} agent's config"))
+        cfg = parse_config(rendered, source=f"the {role} agent's config")
+        if spec.layout_from_engine:
+            return None  # the engine's registration is checked by its agent, rank by rank
+        schema = schema_from_config(cfg)
     except BadInput as exc:
         return "AgentConfigRejected", f"{role}: {exc}"
-    spec = owner.spec
     if spec.transfer.device != "cpu":
         return None  # pools in GPU memory: the spec names no GPU memory size to check against
     setting, quantities = _pool_memory(spec, role)

@@ -135,3 +135,23 @@ def test_router_service_fronts_the_router_and_the_router_finds_the_pairs_pods(
         return bool(items) and router_args(items[0]).prefill_selector.get("pdpair.io/generation") == gen2
 
     wait_for("the router to follow the new generation", moved, timeout=60)
+
+
+def test_a_spec_without_layout_needs_an_engine_that_registers_one(cluster: Cluster, ns: str) -> None:
+    """No profile and no components: only an engine image that registers its pools gives the layout."""
+    doc = yaml.safe_load(pdpair_yaml("nolayout", 1, 1))
+    doc["spec"]["model"] = {"name": "Qwen/Qwen3-Next-80B-A3B-Instruct"}
+    text = yaml.safe_dump(doc)
+    refused = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=text, check=False)
+    assert refused.returncode != 0
+    assert "or neither to take the layout the engine registers" in refused.stderr
+    doc["spec"]["engine"] = {"image": SGLANG_IMAGE, "sglang": {"modelPath": "Qwen/Qwen3-Next"}}
+    dry_run(cluster, ns, [doc])
+    both = copy.deepcopy(doc)
+    both["spec"]["model"]["profile"] = "qwen3-next"
+    both["spec"]["model"]["components"] = [
+        {"name": "mamba", "stateType": "mamba", "itemLens": [64], "numItems": 8}]
+    refused = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-",
+                              input=yaml.safe_dump(both), check=False)
+    assert refused.returncode != 0
+    assert "set exactly one of model.profile or model.components" in refused.stderr
