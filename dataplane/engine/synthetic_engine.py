@@ -72,7 +72,7 @@ class SyntheticEngineProcess:
         manifest = manifest_from_schema(self.schema, role=self.role, generation=cfg.identity.generation)
         self.client = AgentClient(
             socket_path, role=self.role, manifest=encode_manifest(manifest), timeout=timeout,
-            engine_id=f"synthetic-{self.role}-{cfg.tp_rank}",
+            engine_id=f"synthetic-{self.role}-{cfg.tp_rank}", tp_rank=cfg.tp_rank, tp_size=cfg.tp_size,
         )
         self.kv = IndexAllocator("kv", self.schema.kv.num_pages)
         self.aux = IndexAllocator("aux", self.schema.aux.num_items)

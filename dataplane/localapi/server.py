@@ -77,7 +77,9 @@ Submit = Callable[[Command], None]
 
 
 class EngineHandler(Protocol):
-    schema: RoleSchema
+    @property
+    def schema(self) -> RoleSchema:
+        """What requests are checked against (``LocalApiError`` before the schema is known)."""
 
     def hello(self, msg: Hello) -> str: ...
     def register(self, regions: Sequence[PoolRegion], fds: list[int]) -> None: ...

@@ -2,8 +2,10 @@
 
 Lifecycle, one engine at a time:
 
-1. ``Hello``: the version must be ours, the role the agent's, and the engine's manifest must describe
-   the agent's configured schema (same model, TP, page size, KV and components) — else ``Error``.
+1. ``Hello``: the version must be ours, the role the agent's, the ranks consistent with the manifest,
+   and the engine's manifest must describe the agent's configured schema (same model, TP, page size,
+   KV and components) — else ``Error``. An agent configured with no model layout adopts the engine's
+   (``engine_schema``): the manifest is then checked for bounds here and for content at step 2.
 2. ``RegisterPools``: map the engine's regions, adopt them as the agent's pools, and start an
    ``AgentRuntime`` on them with the external role workers (``workers``): the transport registers
    every region, the bootstrap/control/metrics listeners come up, decode pairs with prefill.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +36,7 @@ from ..errors import LocalApiError, PDPairError
 from ..schema import RoleSchema
 from ..schema.profiles import schema_from_config
 from ..transports import Transport
+from .engine_schema import check_manifest_bounds, schema_from_engine
 from .link import Command, DetachCmd, EngineLink
 from .mapping import MappedPools, map_pools
 from .messages import LOCALAPI_VERSION, Hello, PoolRegion, RoomState
@@ -51,6 +55,37 @@ def manifest_mismatch(mine: Manifest, theirs: Manifest) -> str:
         if a != b:
             return f"{field}: agent has {msgspec.to_builtins(a)!r}, engine has {msgspec.to_builtins(b)!r}"
     return ""
+
+
+def configured_schema(cfg: AgentConfig) -> RoleSchema | None:
+    """The schema ``cfg`` names (a profile, or explicit KV and components); None: the engine's."""
+    if cfg.model.profile is None and cfg.model.kv_item_len is None:
+        return None
+    return schema_from_config(cfg)
+
+
+def engine_manifest(msg: Hello) -> Manifest:
+    """The ``Hello``'s manifest, decoded, bounded, and consistent with the ranks it names."""
+    try:
+        m = decode_manifest(msg.manifest)
+    except PDPairError as exc:
+        raise LocalApiError("bad_request", f"engine manifest: {exc}") from None
+    check_manifest_bounds(m)
+    if msg.tp_rank >= msg.tp_size or msg.tp_size % msg.dp_size:
+        raise LocalApiError(
+            "bad_request",
+            f"engine tp_rank {msg.tp_rank}, tp_size {msg.tp_size}, dp_size {msg.dp_size}: the rank must be "
+            "below tp_size and dp_size must divide tp_size",
+        )
+    attn = msg.tp_size // msg.dp_size
+    if (m.tp_size, m.tp_rank) != (attn, msg.tp_rank % attn) or m.role != msg.role:
+        raise LocalApiError(
+            "bad_request",
+            f"engine manifest is {m.role} rank {m.tp_rank} of {m.tp_size}, its Hello {msg.role} rank "
+            f"{msg.tp_rank} of {msg.tp_size} with dp_size {msg.dp_size} (attention TP rank "
+            f"{msg.tp_rank % attn} of {attn})",
+        )
+    return m
 
 
 def _unmap(mapped: MappedPools) -> bool:
@@ -84,8 +119,15 @@ class Sidecar:
     ):
         syn = msgspec.structs.replace(cfg.synthetic, enabled=False, verify=False)
         self.cfg = msgspec.structs.replace(cfg, synthetic=syn)
-        self.schema = schema or schema_from_config(cfg)
-        self.manifest = manifest_from_schema(self.schema, role=cfg.role, generation=cfg.identity.generation)
+        self.configured = schema or configured_schema(cfg)
+        """The schema the config names; None: the engine's (``engine_schema``), known at ``register``."""
+        self.manifest = (
+            manifest_from_schema(self.configured, role=cfg.role, generation=cfg.identity.generation)
+            if self.configured is not None
+            else None
+        )
+        self._schema = self.configured
+        self._engine_manifest: Manifest | None = None
         self.transport_factory, self.reporter, self.ready_file = transport_factory, reporter, ready_file
         self.link = EngineLink()
         self.runtime: AgentRuntime | None = None
@@ -102,6 +144,13 @@ class Sidecar:
         self.server.start()
         return self
 
+    @property
+    def schema(self) -> RoleSchema:
+        """The schema requests are checked against: the configured one, or the attached engine's."""
+        if self._schema is None:
+            raise LocalApiError("not_registered", "register the pools before sending requests")
+        return self._schema
+
     # ---- EngineHandler ------------------------------------------------------------------------
     def hello(self, msg: Hello) -> str:
         if msg.version != LOCALAPI_VERSION:
@@ -109,13 +158,15 @@ class Sidecar:
             raise LocalApiError("version", f"engine speaks local API v{theirs}, agent v{ours}")
         if msg.role != self.cfg.role:
             raise LocalApiError("role", f"engine is {msg.role}, this agent is {self.cfg.role}")
-        why = manifest_mismatch(self.manifest, decode_manifest(msg.manifest))
+        manifest = engine_manifest(msg)
+        why = manifest_mismatch(self.manifest, manifest) if self.manifest is not None else ""
         if why:
             raise LocalApiError("incompatible", f"engine schema differs from the agent's: {why}")
         with self._lock:
             self._teardown("engine reconnected")
             self.engine_id = msg.engine_id
             self.link = EngineLink()
+            self._engine_manifest = manifest
         log.info("engine %s (pid %d) connected", msg.engine_id, msg.pid)
         return f"{self.cfg.identity.pod_name or self.cfg.role}-agent"
 
@@ -125,10 +176,13 @@ class Sidecar:
     def register(self, regions: Sequence[PoolRegion], fds: list[int]) -> None:
         with self._lock:
             self._teardown("engine re-registered its pools")
-            mapped = map_pools(self.schema, regions, fds)
+            schema = self._schema_for(regions, fds)
+            mapped = map_pools(schema, regions, fds)
             try:
+                self._schema = schema
                 self.runtime = self._runtime(mapped)
             except BaseException:
+                self._schema = self.configured
                 mapped.close()
                 raise
             self.mapped = mapped
@@ -138,11 +192,26 @@ class Sidecar:
             agent_id = self.runtime.agent_id
         log.info("engine %s registered %d regions; agent %s up", self.engine_id, len(regions), agent_id)
 
+    def _schema_for(self, regions: Sequence[PoolRegion], fds: list[int]) -> RoleSchema:
+        """The configured schema, or the one the engine's manifest and regions describe (on an error
+        the descriptors, which ``map_pools`` would have taken, are closed here)."""
+        if self.configured is not None:
+            return self.configured
+        try:
+            if self._engine_manifest is None:  # the server passes RegisterPools only after a Hello
+                raise LocalApiError("no_hello", "the first message on a connection must be Hello")
+            return schema_from_engine(self._engine_manifest, regions)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+
     def _runtime(self, mapped: MappedPools) -> AgentRuntime:
-        pools = MemoryPools(self.schema, mapped.buffers, mapped.device, mapped.device_id)  # type: ignore[arg-type]
+        schema = self.schema
+        pools = MemoryPools(schema, mapped.buffers, mapped.device, mapped.device_id)  # type: ignore[arg-type]
         runtime = AgentRuntime(
             self.cfg,
-            schema=self.schema,
+            schema=schema,
             pools=pools,
             transport=self.transport_factory() if self.transport_factory else None,
             reporter=self.reporter,
@@ -178,6 +247,7 @@ class Sidecar:
     def _teardown(self, reason: str) -> None:
         """Fail every room, stop the runtime (deregisters memory), unmap (caller holds the lock)."""
         runtime, self.runtime = self.runtime, None
+        self._schema = self.configured
         self.attached.clear()
         if runtime is not None:
             detach = DetachCmd(reason)

@@ -33,7 +33,12 @@ PATHS = {"Pod": "/api/v1/namespaces/{ns}/pods", "Service": "/api/v1/namespaces/{
          "ConfigMap": "/api/v1/namespaces/{ns}/configmaps", "Event": "/api/v1/namespaces/{ns}/events",
          "Secret": "/api/v1/namespaces/{ns}/secrets",
          "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
-         "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"}
+         "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates",
+         "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+         "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+         "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+         "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+         "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"}
 REQUEST_TIMEOUT_SECONDS = 30.0
 
 

@@ -110,6 +110,28 @@ def pdpair_network_policies(namespace: str | None, labels: kopf.Labels, body: ko
     return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("NetworkPolicy", body)}
 
 
+def _router_index(kind: str) -> Any:
+    def index(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, ChildView]:
+        return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body(kind, body)}
+    index.__name__ = f"pdpair_{kind.lower()}s"
+    return index
+
+
+# A serving PDPair's router children (pdpair_operator.serving).
+ROUTER_INDICES = ("pdpair_serviceaccounts", "pdpair_roles", "pdpair_rolebindings", "pdpair_deployments",
+                  "pdpair_poddisruptionbudgets")
+kopf.index("v1", "serviceaccounts", labels=CHILD_LABELS, id="pdpair_serviceaccounts")(
+    _router_index("ServiceAccount"))
+kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=CHILD_LABELS, id="pdpair_roles")(
+    _router_index("Role"))
+kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_LABELS, id="pdpair_rolebindings")(
+    _router_index("RoleBinding"))
+kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id="pdpair_deployments")(
+    _router_index("Deployment"))
+kopf.index("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS, id="pdpair_poddisruptionbudgets")(
+    _router_index("PodDisruptionBudget"))
+
+
 def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
     rec: Reconciler = memo["reconciler"]
     idx = rec.indices
@@ -117,6 +139,7 @@ def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
     idx.services, idx.configmaps = kwargs["pdpair_services"], kwargs["pdpair_configmaps"]
     idx.claim_templates = kwargs["pdpair_claim_templates"]
     idx.secrets, idx.network_policies = kwargs["pdpair_secrets"], kwargs["pdpair_network_policies"]
+    idx.router = tuple(kwargs[name] for name in ROUTER_INDICES)
     return rec
 
 
@@ -131,5 +154,10 @@ async def pdpair_changed(namespace: str | None, name: str, memo: kopf.Memo, **kw
 @kopf.on.event("resource.k8s.io", "v1", "resourceclaimtemplates", labels=CHILD_LABELS)
 @kopf.on.event("v1", "secrets", labels=CHILD_LABELS)
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILD_LABELS)
+@kopf.on.event("v1", "serviceaccounts", labels=CHILD_LABELS)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=CHILD_LABELS)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_LABELS)
+@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS)
 async def child_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     _reconciler(memo, kwargs).kick((namespace or "", labels[naming.LABEL_NAME]))

@@ -14,7 +14,9 @@ LABEL_ROLE = f"{PREFIX}/role"
 LABEL_INDEX = f"{PREFIX}/index"
 LABEL_GENERATION = f"{PREFIX}/generation"
 LABEL_KIND = f"{PREFIX}/child"
-"""What the child is: pod, bootstrap, headless, metrics, config, gpus, pairing, isolation."""
+"""What the child is: pod, bootstrap, headless, metrics, config, gpus, pairing, isolation, router."""
+LABEL_ROUTER = f"{PREFIX}/router"
+"""On the router's pods (which are not children the operator indexes): the PDPair they route for."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "pdpair-operator"
 ANNOTATION_RENDER_HASH = f"{PREFIX}/render-hash"
@@ -63,6 +65,15 @@ def pairing_secret(owner: str) -> str:
 
 def network_policy(owner: str) -> str:
     return f"{owner}-isolation"
+
+
+def router(owner: str) -> str:
+    """The router's Deployment, Service, ServiceAccount, Role and RoleBinding."""
+    return f"{owner}-router"
+
+
+def router_network_policy(owner: str) -> str:
+    return f"{owner}-router-ingress"
 
 
 def gpu_claim_template(owner: str, generation: str, role: Role) -> str:

@@ -154,6 +154,7 @@ def plan(owner: Owner, observed: Observed, now: datetime, *, scraper: dict[str, 
     failures = _record_failures(owner, gen, observed.pods, now, work)
     old_pods = _plan_pods(owner, gen, observed.pods, failures, now, work)
     _plan_children(owner, gen, observed, work)
+    _plan_router(owner, gen, observed, work)
     pod_changes = sum(1 for c in work.creates if c["kind"] == "Pod") + sum(
         1 for d in work.deletes if d.kind == "Pod")
     facts = RolloutFacts(pending_changes=pod_changes, old_pods=old_pods, backoff=tuple(work.backoff))
@@ -329,6 +330,31 @@ def _plan_children(owner: Owner, gen: str, observed: Observed, work: _Work) -> N
             work.patches.append(Patch(manifest["kind"], meta["name"], body))
     for child in observed.children:
         if child.generation and child.generation not in live_gens and not child.deleting:
+            work.deletes.append(Delete(child.kind, child.name))
+
+
+ROUTER_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "NetworkPolicy",
+                          "PodDisruptionBudget"})
+
+
+def _plan_router(owner: Owner, gen: str, observed: Observed, work: _Work) -> None:
+    """Step 4: a serving PDPair's router (``serving``), patched to the current generation's selectors;
+    deleted once the spec no longer serves."""
+    desired = render.build_router_children(owner, gen, owner.spec.security.network_policy)
+    seen = {(c.kind, c.name): c for c in observed.children}
+    for manifest in desired:
+        meta = manifest["metadata"]
+        have = seen.get((manifest["kind"], meta["name"]))
+        if have is None:
+            work.creates.append(manifest)
+        elif not have.deleting and have.render_hash != meta["annotations"][naming.ANNOTATION_RENDER_HASH]:
+            body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+            work.patches.append(Patch(manifest["kind"], meta["name"], body))
+    wanted = {(m["kind"], m["metadata"]["name"]) for m in desired}
+    names = {naming.router(owner.name), naming.router_network_policy(owner.name)}
+    for child in observed.children:
+        if (child.kind in ROUTER_KINDS and child.name in names and not child.deleting
+                and (child.kind, child.name) not in wanted):
             work.deletes.append(Delete(child.kind, child.name))
 
 

@@ -39,6 +39,8 @@ class Indices:
         self.claim_templates: Mapping[Key, Iterable[ChildView]] = {}
         self.secrets: Mapping[Key, Iterable[ChildView]] = {}
         self.network_policies: Mapping[Key, Iterable[ChildView]] = {}
+        self.router: tuple[Mapping[Key, Iterable[ChildView]], ...] = ()
+        """A serving PDPair's router children: ServiceAccounts, Roles, RoleBindings, Deployments."""
 
     def owner(self, key: Key) -> Owner | None:
         return next(iter(self.owners.get(key, ())), None)
@@ -46,7 +48,8 @@ class Indices:
     def observed(self, key: Key) -> Observed:
         children = (*self.services.get(key, ()), *self.configmaps.get(key, ()),
                     *self.claim_templates.get(key, ()), *self.secrets.get(key, ()),
-                    *self.network_policies.get(key, ()))
+                    *self.network_policies.get(key, ()),
+                    *(view for index in self.router for view in index.get(key, ())))
         return Observed(pods=tuple(self.pods.get(key, ())), children=tuple(children))
 
 

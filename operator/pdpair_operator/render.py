@@ -15,7 +15,7 @@ from typing import Any
 
 from dataplane import config as agent_config
 
-from . import naming, resources
+from . import naming, resources, serving
 from .observe import Owner
 from .spec import API_VERSION, KIND, PDPairSpec, Role
 
@@ -79,9 +79,22 @@ def build_network_policy(owner: Owner, scraper: dict[str, Any]) -> dict[str, Any
             "podSelector": {"matchLabels": naming.pod_selector(owner.name)},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": peers, "ports": tcp},
-                        {"from": [scraper], "ports": [{"protocol": "TCP", "port": ports.metrics}]}],
+                        {"from": [scraper], "ports": [{"protocol": "TCP", "port": ports.metrics}]},
+                        *serving.network_policy_rules(owner)],
         },
     })
+
+
+def build_router_children(owner: Owner, generation: str, network_policy: bool) -> list[dict[str, Any]]:
+    """A serving PDPair's router and what it needs (``serving``); none without an sglang engine."""
+    if not owner.spec.serves:
+        return []
+    children = [serving.build_router_service_account(owner), serving.build_router_role(owner),
+                serving.build_router_role_binding(owner), serving.build_router_deployment(owner, generation),
+                serving.build_router_service(owner), serving.build_router_disruption_budget(owner)]
+    if network_policy:
+        children.append(serving.build_router_network_policy(owner))
+    return [_finish(owner, c) for c in children]
 
 
 def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.AgentConfig:
@@ -316,6 +329,11 @@ def _engine_container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     resources = _engine_resources(spec, role)
     if resources:
         container["resources"] = resources
+    if engine.sglang is not None:
+        mounts.append({"name": "dshm", "mountPath": serving.SHM_DIR})
+        container.update(image=engine.image, imagePullPolicy=spec.image_pull_policy,
+                         **serving.sglang_container(spec, engine.sglang, role))
+        return container
     if engine.image:
         container.update(image=engine.image, imagePullPolicy=spec.image_pull_policy)
         if engine.command:
@@ -341,6 +359,8 @@ def _with_engine(spec: PDPairSpec, role: Role, pod_spec: dict[str, Any]) -> dict
     pod_spec["containers"][0]["volumeMounts"].append({"name": "localapi", "mountPath": LOCALAPI_DIR})
     pod_spec["containers"].append(_engine_container(spec, role))
     pod_spec["volumes"].append({"name": "localapi", "emptyDir": {}})
+    if spec.engine.sglang is not None:
+        pod_spec["volumes"].append(serving.shm_volume())
     return pod_spec
 
 
@@ -349,7 +369,7 @@ def build_pod(owner: Owner, generation: str, role: Role, index: int,
     """One agent pod; ``restarts``/``last_failure`` keep a replaced pod's crash context visible."""
     spec, rs = owner.spec, owner.spec.role(role)
     name = naming.pod_name(owner.name, generation, role, index)
-    annotations = {naming.ANNOTATION_RESTARTS: str(restarts)}
+    annotations = {naming.ANNOTATION_RESTARTS: str(restarts), **serving.pod_annotations(spec, role)}
     if last_failure:
         annotations[naming.ANNOTATION_LAST_FAILURE] = last_failure
     pod_spec: dict[str, Any] = {

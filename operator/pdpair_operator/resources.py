@@ -109,9 +109,12 @@ def _pools_in_huge_pages(spec: PDPairSpec, cfg: AgentConfig) -> bool:
 
 def agent_memory_bytes(spec: PDPairSpec, role: Role) -> int:
     cfg = pool_config(spec, role)
-    pools = host_pool_bytes(cfg)
-    if spec.engine.sidecar and _pools_in_huge_pages(spec, cfg):
-        pools = 0
+    if spec.layout_from_engine:
+        pools = 0  # the engine's own pools: it allocates and faults them in, so its container pays
+    else:
+        pools = host_pool_bytes(cfg)
+        if spec.engine.sidecar and _pools_in_huge_pages(spec, cfg):
+            pools = 0
     cuda = CUDA_HOST_MEMORY if cfg.transfer.device == "cuda" else 0
     return _ceil(AGENT_BASE_MEMORY + pools + _host_staging_bytes(cfg) + cuda, MI)
 
@@ -204,7 +207,8 @@ def _pairs(spec: PDPairSpec) -> list[tuple[str, str | None, str | None, str]]:
     e = spec.engine.resources
     out += [("engine.resources.cpu", e.cpu, e.cpu_limit, "cpu"),
             ("engine.resources.memory", e.memory, e.memory_limit, "bytes"),
-            ("engine.resources.hugePages", e.huge_pages, None, "bytes")]
+            ("engine.resources.hugePages", e.huge_pages, None, "bytes"),
+            ("router.cpu", spec.router.cpu, None, "cpu"), ("router.memory", spec.router.memory, None, "bytes")]
     return out
 
 

@@ -170,11 +170,25 @@ class EngineResources(_Spec, frozen=True):
     """None: the memory request."""
 
 
+class Sglang(_Spec, frozen=True):
+    """sglang as the serving engine (docs/sglang.md): the operator renders ``sglang.launch_server`` with
+    the ``pdpair`` transfer backend, the role's TP (and DP attention) sizes and these settings; ``args``
+    are appended as given (quantization, memory fraction, ...)."""
+
+    model_path: str
+    port: int = 30000
+    """The engine's HTTP port: the router's requests and the health probes."""
+    args: list[str] = []
+    startup_seconds: int = 1800
+    """How long loading the weights may take before the kubelet restarts the engine."""
+
+
 class Engine(_Spec, frozen=True):
     """The serving engine beside the agent (docs/sidecar.md). ``inProcess`` (default): the agent's own
     synthetic engine is the canary. ``sidecar``: a second container speaks the local API to the agent
     over a socket in a shared ``emptyDir`` — ``image`` (with ``command``/``args``/``env``) names the
-    serving engine; without one the synthetic engine runs there, from the agent image."""
+    serving engine; without one the synthetic engine runs there, from the agent image. ``sglang``
+    (with ``image``, an sglang image holding PDPair's plugin): the operator writes the engine's command."""
 
     mode: Literal["inProcess", "sidecar"] = "inProcess"
     image: str | None = None
@@ -184,10 +198,26 @@ class Engine(_Spec, frozen=True):
     resources: EngineResources = EngineResources()
     reply_spin_microseconds: int = 200
     """The sidecar agent's ``localapi.engine.replySpinMicroseconds``."""
+    sglang: Sglang | None = None
 
     @property
     def sidecar(self) -> bool:
-        return self.mode == "sidecar" or bool(self.image)
+        return self.mode == "sidecar" or bool(self.image) or self.sglang is not None
+
+
+class Router(_Spec, frozen=True):
+    """The PD router in front of an sglang pair (sglang-router in PD mode, from the engine's image by
+    default). It discovers the current generation's prefill and decode pods through the API server, so
+    pods coming and going need no operator action; one Service fronts it."""
+
+    enabled: bool = True
+    image: str | None = None
+    replicas: int = 1
+    port: int = 8000
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = "cache_aware"
+    args: list[str] = []
+    cpu: str = "1"
+    memory: str = "1Gi"
 
 
 class PDPairSpec(_Spec, frozen=True):
@@ -201,10 +231,21 @@ class PDPairSpec(_Spec, frozen=True):
     ports: Ports = Ports()
     update_strategy: UpdateStrategy = UpdateStrategy()
     engine: Engine = Engine()
+    router: Router = Router()
     security: Security = Security()
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
+
+    @property
+    def layout_from_engine(self) -> bool:
+        """No layout in the spec: the engine registers its pools and the agents adopt their layout."""
+        return self.model.profile is None and not self.model.components and bool(self.engine.image)
+
+    @property
+    def serves(self) -> bool:
+        """An sglang pair with its router: the PDPair serves requests, not only the canary."""
+        return self.engine.sglang is not None and self.router.enabled
 
 
 class SpecError(ValueError):
@@ -219,13 +260,14 @@ def parse_spec(raw: dict[str, Any]) -> PDPairSpec:
 
 
 def generation_hash(spec: PDPairSpec) -> str:
-    """8 hex digits over the pod-shaping part of the spec (replicas, update strategy and the
-    NetworkPolicy switch excluded)."""
+    """8 hex digits over the pod-shaping part of the spec (replicas, update strategy, the router and
+    the NetworkPolicy switch excluded)."""
     shaped = msgspec.structs.replace(
         spec,
         prefill=msgspec.structs.replace(spec.prefill, replicas=0),
         decode=msgspec.structs.replace(spec.decode, replicas=0),
         update_strategy=UpdateStrategy(),
+        router=Router(),
         security=msgspec.structs.replace(spec.security, network_policy=True),
     )
     return hashlib.sha256(msgspec.json.encode(shaped, order="sorted")).hexdigest()[:8]

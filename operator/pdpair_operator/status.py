@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from . import naming
+from . import naming, serving
 from .observe import Owner, PodView
 from .spec import ROLES, Role
 
@@ -190,6 +190,8 @@ def build_status(owner: Owner, generation: str, pods: Sequence[PodView], facts: 
                                        generation=owner.generation, now=now),
         "failures": failures,
     }
+    if spec.serves:
+        status["router"] = serving.router_endpoint(owner)
     return status
 
 

@@ -36,11 +36,14 @@ def _pool_memory(spec: PDPairSpec, role: Role) -> tuple[str, list[str]]:
 
 def _check_role(owner: Owner, generation: str, role: Role) -> tuple[str, str] | None:
     rendered = dump_config(render.agent_config_for(owner, generation, role))
+    spec = owner.spec
     try:
-        schema = schema_from_config(parse_config(rendered, source=f"the {role} agent's config"))
+        cfg = parse_config(rendered, source=f"the {role} agent's config")
+        if spec.layout_from_engine:
+            return None  # the engine's registration is checked by its agent, rank by rank
+        schema = schema_from_config(cfg)
     except BadInput as exc:
         return "AgentConfigRejected", f"{role}: {exc}"
-    spec = owner.spec
     if spec.transfer.device != "cpu":
         return None  # pools in GPU memory: the spec names no GPU memory size to check against
     setting, quantities = _pool_memory(spec, role)
@@ -63,17 +66,31 @@ _CHECKED: dict[bytes, tuple[str, str] | None] = {}
 _CHECKED_MAX = 4096
 
 
+def _check_engine(owner: Owner) -> tuple[str, str] | None:
+    """An sglang engine needs its image, and writes its own command (the CRD says so at apply)."""
+    engine = owner.spec.engine
+    if engine.sglang is None:
+        return None
+    if not engine.image:
+        return ("EngineImageMissing", "engine.sglang needs engine.image: an sglang image with PDPair's "
+                "plugin (Dockerfile target sglang)")
+    if engine.command or engine.args:
+        return ("EngineCommandConflict", "engine.sglang writes the engine's command: put more sglang "
+                "arguments in engine.sglang.args")
+    return None
+
+
 def invalid_reason(owner: Owner, generation: str) -> tuple[str, str] | None:
     """(reason, one-line message) for a spec no pod can serve, or None. Memoised on the spec: the
     planner asks on every pass."""
     key = msgspec.json.encode((owner.name, owner.namespace, generation, owner.spec))
     if key in _CHECKED:
         return _CHECKED[key]
-    found = resources.problems(owner.spec)
-    for role in ROLES if found is None else ():
-        found = _check_role(owner, generation, role)
+    found = _check_engine(owner) or resources.problems(owner.spec)
+    for role in ROLES:
         if found is not None:
             break
+        found = _check_role(owner, generation, role)
     if len(_CHECKED) >= _CHECKED_MAX:
         _CHECKED.clear()
     _CHECKED[key] = found

@@ -109,7 +109,8 @@ def test_example_creates_owned_children_and_pods_run(cluster: Cluster, ns: str, 
     def complete() -> dict[str, list[dict[str, Any]]] | None:
         kids = children(cluster, ns, name)
         counts = (len(kids["pods"]), len(kids["services"]), len(kids["configmaps"]))
-        return kids if counts == (total, 3, 1) else None
+        services = 4 if "sglang" in doc["spec"].get("engine", {}) else 3  # + the router's
+        return kids if counts == (total, services, 1) else None
 
     kids = wait_for(f"children of {name}", complete, timeout=60)
     for obj in (o for group in kids.values() for o in group):

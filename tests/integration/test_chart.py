@@ -25,6 +25,11 @@ OPERATOR_RULES = {
     ("", "secrets"): {"create", "list", "watch"},
     ("networking.k8s.io", "networkpolicies"): {"create", "delete", "list", "watch", "patch"},
     ("", "events"): {"create", "patch"},
+    ("apps", "deployments"): {"create", "delete", "list", "watch", "patch"},
+    ("policy", "poddisruptionbudgets"): {"create", "delete", "list", "watch", "patch"},
+    ("", "serviceaccounts"): {"create", "delete", "list", "watch", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "delete", "list", "watch", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "delete", "list", "watch", "patch"},
 }
 KOPF_CLUSTER_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
                       ("", "namespaces"): {"list", "watch"}}

@@ -92,10 +92,14 @@ def test_examples_are_single_valid_pdpairs(path: Path) -> None:
     assert (doc["apiVersion"], doc["kind"]) == ("pdpair.io/v1alpha1", "PDPair")
     assert len(doc["metadata"]["name"]) <= 40
     spec = parse_spec(apply_defaults(SCHEMA["properties"]["spec"], doc["spec"]))
-    assert spec.model.profile in PROFILES
+    assert spec.model.profile in PROFILES or spec.layout_from_engine
     assert spec.prefill.tensor_parallel_size in (1, 2, 4, 8, 16, 32, 64)
 
 
-def test_one_example_per_profile() -> None:
-    profiles = {yaml.safe_load(p.read_text())["spec"]["model"]["profile"] for p in EXAMPLES}
-    assert profiles == set(PROFILES)
+def test_one_example_per_profile_and_serving_examples_name_no_layout() -> None:
+    """Profiles are the synthetic engine's layouts; an example with a serving engine takes the layout
+    its engine registers, so it names neither a profile nor components."""
+    specs = [yaml.safe_load(p.read_text())["spec"] for p in EXAMPLES]
+    assert {s["model"]["profile"] for s in specs if "profile" in s["model"]} == set(PROFILES)
+    serving = [s for s in specs if "sglang" in s.get("engine", {})]
+    assert serving and all(set(s["model"]) == {"name"} for s in serving)
