@@ -208,7 +208,8 @@ def _pairs(spec: PDPairSpec) -> list[tuple[str, str | None, str | None, str]]:
     out += [("engine.resources.cpu", e.cpu, e.cpu_limit, "cpu"),
             ("engine.resources.memory", e.memory, e.memory_limit, "bytes"),
             ("engine.resources.hugePages", e.huge_pages, None, "bytes"),
-            ("router.cpu", spec.router.cpu, None, "cpu"), ("router.memory", spec.router.memory, None, "bytes")]
+            ("router.cpu", spec.router.cpu, None, "cpu"),
+            ("router.memory", spec.router.memory, None, "bytes")]
     return out
 
 
