@@ -1,26 +1,20 @@
 """``pdpair-agent``: the agent's command line. A thin dispatcher; each command group lives in its own
-module that exposes ``register(subparsers)`` and keeps heavy imports inside its handlers, so
-``--help`` stays fast.
+module that exposes ``register(subparsers)`` and keeps heavy imports (numpy, zmq, the transfer
+engines) inside its handlers, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
+from .commands import bench, demo, engine, run, sidecar_bench, wire
 from .commands.args import Parser, add_version
 from .errors import PDPairError
 
-COMMAND_MODULES = (
-    "dataplane.commands.run",
-    "dataplane.commands.demo",
-    "dataplane.commands.bench",
-    "dataplane.commands.wire",
-    "dataplane.commands.engine",
-    "dataplane.commands.sidecar_bench",
-)
+COMMANDS: tuple[ModuleType, ...] = (run, demo, bench, wire, engine, sidecar_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 

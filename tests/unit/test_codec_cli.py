@@ -15,6 +15,7 @@ import pytest
 from codec_vectors import VECTORS
 
 import dataplane.cli
+import dataplane.commands.wire
 from dataplane.codec import manifest_from_schema
 from dataplane.schema import KVSpec, RoleSchema
 
@@ -27,7 +28,7 @@ CASES = [("registration", c) for c in VECTORS["registration"]] + [
 @pytest.fixture
 def wire_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only this command group: the CLI must not depend on sibling command modules to test ``wire``."""
-    monkeypatch.setattr(dataplane.cli, "COMMAND_MODULES", ("dataplane.commands.wire",))
+    monkeypatch.setattr(dataplane.cli, "COMMANDS", (dataplane.commands.wire,))
 
 
 def run_cli(
