@@ -330,9 +330,10 @@ def _engine_container(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     if resources:
         container["resources"] = resources
     if engine.sglang is not None:
-        mounts.append({"name": "dshm", "mountPath": serving.SHM_DIR})
-        container.update(image=engine.image, imagePullPolicy=spec.image_pull_policy,
-                         **serving.sglang_container(spec, engine.sglang, role))
+        mounts += serving.engine_mounts()
+        sglang = serving.sglang_container(spec, engine.sglang, role)
+        env += [e for e in sglang.pop("env") if e["name"] not in {v.name for v in engine.env}]
+        container.update(image=engine.image, imagePullPolicy=spec.image_pull_policy, **sglang)
         return container
     if engine.image:
         container.update(image=engine.image, imagePullPolicy=spec.image_pull_policy)
@@ -360,7 +361,7 @@ def _with_engine(spec: PDPairSpec, role: Role, pod_spec: dict[str, Any]) -> dict
     pod_spec["containers"].append(_engine_container(spec, role))
     pod_spec["volumes"].append({"name": "localapi", "emptyDir": {}})
     if spec.engine.sglang is not None:
-        pod_spec["volumes"].append(serving.shm_volume())
+        pod_spec["volumes"] += serving.engine_volumes()
     return pod_spec
 
 

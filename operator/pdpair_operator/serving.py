@@ -53,6 +53,7 @@ def sglang_container(spec: PDPairSpec, sglang: Sglang, role: Role) -> dict[str, 
     alive = {"tcpSocket": {"port": "http"}, "timeoutSeconds": 5}
     return {
         "command": ["python3", "-m", "sglang.launch_server"],
+        "env": [{"name": k, "value": v} for k, v in CACHE_ENV.items()],
         "args": sglang_args(spec, sglang, role),
         "ports": [{"name": "http", "containerPort": sglang.port, "protocol": "TCP"}],
         "startupProbe": {**probe, "periodSeconds": 10,
@@ -62,9 +63,24 @@ def sglang_container(spec: PDPairSpec, sglang: Sglang, role: Role) -> dict[str, 
     }
 
 
-def shm_volume() -> dict[str, Any]:
-    """sglang's processes share tensors through ``/dev/shm``; a container's default is 64 MiB."""
-    return {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+CACHE_DIR = "/var/cache/sglang"
+ENGINE_VOLUMES = {"dshm": SHM_DIR, "engine-cache": CACHE_DIR, "engine-tmp": "/tmp"}
+"""What an sglang engine writes, so its root filesystem can be read-only: ``/dev/shm`` (its processes
+share tensors there; a container's default is 64 MiB), its caches (Hugging Face downloads, Triton's
+and torch's compiled kernels) and ``/tmp``."""
+CACHE_ENV = {"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface",
+             "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton"}
+
+
+def engine_volumes() -> list[dict[str, Any]]:
+    """The emptyDirs of ``ENGINE_VOLUMES`` (``/dev/shm`` in memory). Weights downloaded by name land in
+    ``engine-cache`` on the node's disk: mount a volume holding them for large models instead."""
+    return [{"name": name, "emptyDir": {"medium": "Memory"} if path == SHM_DIR else {}}
+            for name, path in ENGINE_VOLUMES.items()]
+
+
+def engine_mounts() -> list[dict[str, Any]]:
+    return [{"name": name, "mountPath": path} for name, path in ENGINE_VOLUMES.items()]
 
 
 def pod_annotations(spec: PDPairSpec, role: Role) -> dict[str, str]:

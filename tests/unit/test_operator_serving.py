@@ -52,7 +52,11 @@ def test_sglang_engine_runs_launch_server_with_the_pdpair_backend_and_the_role_s
     assert eng["startupProbe"]["failureThreshold"] * eng["startupProbe"]["periodSeconds"] >= 1800
     assert {"name": "http", "containerPort": 30000, "protocol": "TCP"} in eng["ports"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in eng["volumeMounts"]
-    assert serving.shm_volume() in prefill["spec"]["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in prefill["spec"]["volumes"]
+    # Everything sglang writes is a volume, so its root filesystem can be read-only.
+    env = {e["name"]: e["value"] for e in eng["env"]}
+    assert env["HF_HOME"].startswith(serving.CACHE_DIR) and env["HOME"] == serving.CACHE_DIR
+    assert {"name": "engine-cache", "mountPath": serving.CACHE_DIR} in eng["volumeMounts"]
     # The agent beside it serves the engine over the local API.
     cfg = render.agent_config_for(owner, gen, "prefill")
     assert cfg.localapi.engine.mode == "external"
