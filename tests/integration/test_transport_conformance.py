@@ -25,7 +25,7 @@ from dataplane.config import NixlConfig
 from dataplane.errors import DeadlineExceeded, PlanError, TransferFailed, WireFormatError
 from dataplane.transports import MemoryRegion, Peer, TransferState, Transport, Writes, mori_double
 from dataplane.transports.mori import MoriTransport
-from dataplane.transports.nixl import NixlTransport
+from dataplane.transports.nixl import NixlTransport, ucx_environment
 from tests.integration.transport_peer import serve
 
 SIZES = [32 << 20, 256 << 10]
@@ -53,6 +53,26 @@ def one_write(offset: int, size: int, region: int = 0) -> Writes:
 def _buffers(seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, n, dtype=np.uint8) for n in SIZES]
+
+
+@contextmanager
+def ucx_env(config: NixlConfig) -> Iterator[None]:
+    """This process's UCX environment as ``config`` asks (``sdk.ucx_environment``) while the block
+    runs (as a process sets it where it starts), as it was afterwards."""
+    wanted = ucx_environment(config)
+    keys = ("UCX_TLS", "UCX_NET_DEVICES")
+    before = {k: os.environ.get(k) for k in keys}
+    for k in keys:
+        os.environ.pop(k, None)
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextmanager
@@ -86,7 +106,8 @@ def nixl_pair(tls: str | None, threads: int = 0, native: bool = True) -> Iterato
         config = NixlConfig(
             ucx_tls=tls, ucx_net_devices="lo", num_threads=threads, native_poster=native
         ).for_role("prefill")
-        transport = NixlTransport(f"me-{name}", config)
+        with ucx_env(config):  # UCX reads it once, when the agent's backend is made
+            transport = NixlTransport(f"me-{name}", config)
         transport.register([MemoryRegion(b.ctypes.data, b.nbytes) for b in local])
         yield Pair(
             transport, transport.connect(name, endpoint, blobs), local, read,
