@@ -113,7 +113,7 @@ class NixlTransport(Transport):
         self._closed = False
         self._reg: list[Any] = []
         self._local = Side("", np.zeros((0, 3), dtype=np.uint64), ())
-        self._describe = Descriptions(self._agent, 1 << 20)
+        self._descriptions = Descriptions(self._agent, 1 << 20)
         self._peers: list[NixlPeer] = []
         self._threaded = threaded
         self._poster: Poster | None = None
@@ -129,16 +129,16 @@ class NixlTransport(Transport):
     @property
     def prep_limit(self) -> int:
         """Most blocks one prepared list may hold; beyond it, exact descriptors are cheaper."""
-        return self._describe.prep_limit
+        return self._descriptions.prep_limit
 
     @prep_limit.setter
     def prep_limit(self, value: int) -> None:
-        self._describe.prep_limit = value
+        self._descriptions.prep_limit = value
 
     @property
     def paths(self) -> Counter[str]:
         """Engine requests made so far by how they were described (``descriptors.Descriptions``)."""
-        return self._describe.paths
+        return self._descriptions.paths
 
     def endpoint(self) -> bytes:
         return bytes(self._agent.get_agent_metadata())
@@ -229,7 +229,7 @@ class NixlTransport(Transport):
         poster = self._poster_for(writes, overlap)
         self._running += 1
         try:
-            transfer.handles = self._describe.requests(self._local, peer.side, writes)
+            transfer.handles = self._descriptions.requests(self._local, peer.side, writes)
             if isinstance(poster, NativePoster):
                 transfer.token, transfer.wakes = next(self._tokens), True
                 self._native_live[transfer.token] = transfer
