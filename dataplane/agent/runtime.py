@@ -53,8 +53,9 @@ def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = 
 
         return CudaIpcTransport(cfg.transfer.gpu_id)
     if cfg.transfer.backend == "mori":
-        from ..transports.mori import MoriTransport
+        from ..transports.mori import MoriTransport, rdma_environment
 
+        os.environ.update(rdma_environment(cfg.transfer.mori))  # the agent's process: MoRI's NICs
         return MoriTransport(engine_name, cfg.listen.host, cfg.transfer.mori, sdk=sdk)
     from ..transports.nixl import NixlTransport, ucx_environment
 

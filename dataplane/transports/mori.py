@@ -12,7 +12,6 @@ before mori's own ``unpack`` sees them. The SDK is injected (``sdk=``) or import
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -51,6 +50,13 @@ class _MemoryWire(msgspec.Struct, array_like=True):
     vpod_ppod_id: str
     fabric_offset: int
     fabric_alloc_size: int
+
+
+def rdma_environment(config: MoriConfig) -> dict[str, str]:
+    """``MORI_RDMA_DEVICES`` as ``config`` asks: MoRI picks its NICs from it when the backend is
+    created and takes them no other way, so the process sets it where it starts (the agent's
+    runtime), before its engine is made."""
+    return {"MORI_RDMA_DEVICES": ",".join(config.rdma_devices)} if config.rdma_devices else {}
 
 
 def load_sdk() -> ModuleType:
@@ -103,10 +109,6 @@ class MoriTransport(Transport):
         sdk: ModuleType | None = None,
     ):
         config = config or MoriConfig()
-        if config.rdma_devices:
-            # MoRI picks its NICs from this variable when the backend is created and takes them no
-            # other way: this constructor is the one place that writes it.
-            os.environ["MORI_RDMA_DEVICES"] = ",".join(config.rdma_devices)
         self._sdk = sdk or load_sdk()
         poll = self._sdk.PollCqMode.EVENT if config.poll_cq_mode == "event" else self._sdk.PollCqMode.POLLING
         try:

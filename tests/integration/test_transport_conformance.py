@@ -261,7 +261,8 @@ def test_strided_entries_land_byte_for_byte(pair: Pair) -> None:
     over.repeat[2, 0] = SIZES[1] // 63  # the first write is inside remote region 1, the 64th is not
     # an engine that takes the entries is told of entry 0 (its last write), another of write 63
     which = 0 if pair.transport.takes_strided else 63
-    with pytest.raises(PlanError, match=rf"write {which}: remote region 1 \[{63 * (SIZES[1] // 63)}, \+256\)"):
+    at = 63 * (SIZES[1] // 63)
+    with pytest.raises(PlanError, match=rf"write {which}: remote region 1 \[{at}, \+256\)"):
         pair.transport.write(pair.peer, over)
 
 
