@@ -28,7 +28,7 @@ COPY operator ./operator
 RUN pip install --no-cache-dir .
 
 FROM build-operator AS build-agent
-# g++ builds the native NIXL posting thread (dataplane/transports/native) and gcc the agent's per-room
+# g++ builds the native NIXL posting thread (dataplane/transports/nixl/native) and gcc the agent's per-room
 # modules compiled by mypyc (dataplane/compiled), both into the installed package, where the agent
 # finds them (-P: the installed package, not /src); the compilers stay in this stage.
 RUN apt-get update \
@@ -38,7 +38,7 @@ RUN apt-get update \
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir '.[agent]' \
  && pip install --no-cache-dir --no-deps nixl-cu12==1.5.1 \
- && python -P -m dataplane.transports.native \
+ && python -P -m dataplane.transports.nixl.native \
  && python -P -m dataplane.compiled --in-place
 
 FROM base AS operator

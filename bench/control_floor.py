@@ -161,12 +161,12 @@ def tcp_round_trips(spin: bool, n: int) -> list[float]:
 
 
 def _nixl_agent(name: str) -> Any:
-    from dataplane.transports.nixl import _new_agent, load_sdk
+    from dataplane.transports.nixl.sdk import load_sdk, new_agent
 
     sdk = load_sdk()
     logging.getLogger("nixl").setLevel(logging.WARNING)  # NIXL logs INFO lines to stdout
     conf = sdk.nixl_agent_config(enable_listen_thread=False, backends=["UCX"], num_threads=0)
-    return _new_agent(sdk, name, conf, 100)  # the agent's default progress-thread delay
+    return new_agent(sdk, name, conf, 100)  # the agent's default progress-thread delay
 
 
 def _nixl_wait(agent: Any, spin: bool) -> None:

@@ -13,6 +13,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -95,14 +96,18 @@ def _aligned(sizes: list[int]) -> tuple[list[int], int]:
     return offs, at
 
 
-def _time(transport: CudaIpcTransport, peer: object, w: Writes, name: str) -> tuple[float, float]:
-    """Median µs until ``write`` returns and until its event is done, over ``REPS`` writes."""
-    post, done = [], []
+def _time(transport: CudaIpcTransport, peer: object, w: Writes, name: str) -> tuple[float, float, float]:
+    """Median µs until ``write`` returns, until its event is seen done, and on the GPU (events on the
+    transport's stream around the write), over ``REPS`` writes."""
+    post, done, gpu = [], [], []
     for _ in range(REPS):
         torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(transport._stream_obj)
         t0 = time.perf_counter()
         transfer = transport.write(peer, w)  # type: ignore[arg-type]
         t1 = time.perf_counter()
+        end.record(transport._stream_obj)
         deadline = time.monotonic() + 10
         while transport.poll(transfer) is TransferState.IN_PROGRESS and time.monotonic() < deadline:
             pass
@@ -110,14 +115,20 @@ def _time(transport: CudaIpcTransport, peer: object, w: Writes, name: str) -> tu
             raise RuntimeError(f"{name}: transfer not done: {transfer.error}")
         done.append((time.perf_counter() - t0) * 1e6)
         post.append((t1 - t0) * 1e6)
-    return statistics.median(post), statistics.median(done)
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(post), statistics.median(done), statistics.median(gpu)
 
 
-def room(name: str, src_tp: int, src_rank: int, dst_tp: int, dst_rank: int, kv_heads: int) -> dict:
+def room(
+    name: str, src_tp: int, src_rank: int, dst_tp: int, dst_rank: int, kv_heads: int
+) -> tuple[dict, Callable[[], bool]]:
     """One Qwen3-Next room (full-size tensors, 512 pages of 64 tokens in runs of 1-16, one mamba slot)
     from a prefill rank to a decode rank through ``cuda-ipc``: the planner's plan as it comes (strided
-    rows where TP differs) and, for a TP-mismatched room, expanded to one write per row; then the
-    plan written once onto poisoned memory and verified byte for byte."""
+    rows where TP differs) and, for a TP-mismatched room, expanded to one write per row, timed; and
+    a check to call later that writes the plan once onto poisoned memory, verifies it byte for byte
+    and frees the room. ``rooms`` times every room before it verifies any: a verification (thousands
+    of small comparisons) left the copies timed after it at ~1 ms whatever their bytes."""
     from dataclasses import replace
 
     from dataplane.bench.codec import fragmented_pages
@@ -150,14 +161,22 @@ def room(name: str, src_tp: int, src_rank: int, dst_tp: int, dst_rank: int, kv_h
     p = Writes.of(plan)
     w = Writes(p.local_region, p.local_offset, p.remote_region + nl, p.remote_offset, p.size, p.repeat)
     out: dict = {"room": name, "bytes": w.nbytes, "writes": w.count, "rows": len(w)}
-    out["post_us"], out["done_us"] = _time(transport, peer, w, name)
+    out["post_us"], out["done_us"], out["gpu_us"] = _time(transport, peer, w, name)
     out["gbps"] = w.nbytes / out["done_us"] / 1e3
     if w.repeat is not None:
         e = w.expanded()
-        out["expanded_post_us"], out["expanded_done_us"] = _time(transport, peer, e, name + " expanded")
+        out["expanded_post_us"], out["expanded_done_us"], _ = _time(transport, peer, e, name + " expanded")
         out["expanded_gbps"] = e.nbytes / out["expanded_done_us"] / 1e3
+    return out, lambda: _verify(transport, peer, w, (src, dst), (loffs, roffs), nl)
+
+
+def _verify(
+    transport: CudaIpcTransport, peer: object, w: Writes, memory: tuple, offsets: tuple, nl: int
+) -> bool:
+    src, dst = memory
+    loffs, roffs = offsets
     dst.fill_(0x5A)
-    transfer = transport.write(peer, w)
+    transfer = transport.write(peer, w)  # type: ignore[arg-type]
     transport.wait(transfer, time.monotonic() + 30)
     torch.cuda.synchronize()
     changed = int((dst != 0x5A).sum())
@@ -169,23 +188,27 @@ def room(name: str, src_tp: int, src_rank: int, dst_tp: int, dst_rank: int, kv_h
         at = roffs[int(w.remote_region[k]) - nl] + int(w.remote_offset[k])
         b = dst.as_strided((count, size), (rs, 1), at)
         bad += not torch.equal(a, b)
-    out["verified"] = bad == 0 and changed == w.nbytes
     transport.close()
-    del src, dst
-    torch.cuda.empty_cache()
-    return out
+    return bad == 0 and changed == w.nbytes
 
 
 def rooms(json_path: str | None) -> None:
+    timed = [room(*spec) for spec in ROOMS]
     results = []
-    for spec in ROOMS:
-        r = room(*spec)
+    for r, verify in timed:
+        r["verified"] = verify()
         results.append(r)
+    del timed
+    torch.cuda.empty_cache()
+    equal = {r["room"].split()[0]: r["gbps"] for r in results if r["writes"] == r["rows"]}
+    for r in results:
         extra = (f"  expanded: done {r['expanded_done_us']:7.0f} us {r['expanded_gbps']:6.0f} GB/s"
                  if "expanded_gbps" in r else "")
+        share = r["gbps"] / equal[r["room"].split()[0]]
         print(f"{r['room']:24s} {r['bytes'] / 2**20:7.1f} MiB {r['writes']:7d} writes {r['rows']:6d} rows  "
-              f"write returns {r['post_us']:6.0f} us  done {r['done_us']:6.0f} us {r['gbps']:6.0f} GB/s  "
-              f"verified {'yes' if r['verified'] else 'NO'}{extra}", flush=True)
+              f"write returns {r['post_us']:5.0f} us  GPU {r['gpu_us']:5.0f} us  done {r['done_us']:5.0f} us "
+              f"{r['gbps']:6.0f} GB/s ({share:4.0%} of equal TP)  verified {'yes' if r['verified'] else 'NO'}"
+              f"{extra}", flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps(results, indent=2))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing as mp
+import os
 import sys
 import time
 import uuid
@@ -27,12 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataplane.commands.args import parse_size
 from dataplane.config import NixlConfig
 from dataplane.transports import MemoryRegion, Writes
-from dataplane.transports.nixl import NixlTransport
+from dataplane.transports.nixl import NixlTransport, ucx_environment
 
 SLOTS = 16
 
 
 def serve(conn: Connection, name: str, size: int) -> None:
+    os.environ.update(ucx_environment(NixlConfig(ucx_net_devices="lo")))  # this process: UCX on loopback
     buffers = [np.zeros(SLOTS * size, dtype=np.uint8) for _ in range(2)]
     transport = NixlTransport(name, NixlConfig(ucx_net_devices="lo"))
     blobs = transport.register([MemoryRegion(b.ctypes.data, b.nbytes) for b in buffers])
@@ -84,6 +86,7 @@ def run(post_thread: bool, size: int, work: float, inflight: int, requests: int)
 
 
 def main() -> int:
+    os.environ.update(ucx_environment(NixlConfig(ucx_net_devices="lo")))  # this process: UCX on loopback
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1M", help="block size; each request writes two blocks")
     ap.add_argument("--work", type=float, default=190.0, help="µs of Python work per request")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import sys
 import time
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataplane.config import NixlConfig
 from dataplane.transports import MemoryRegion, Writes
-from dataplane.transports.nixl import NixlTransport
+from dataplane.transports.nixl import NixlTransport, ucx_environment
 from tests.integration.transport_peer import serve
 
 SIZE = 256 << 20
@@ -50,7 +51,11 @@ def measure(tls: str | None, repeat: int) -> list[dict[str, object]]:
     conn.send(("hello",))
     endpoint, blobs, _ = conn.recv()
     src = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8)
-    t = NixlTransport(f"probe-{tls}", NixlConfig(ucx_tls=tls, ucx_net_devices="lo"))
+    config = NixlConfig(ucx_tls=tls, ucx_net_devices="lo")
+    for var in ("UCX_TLS", "UCX_NET_DEVICES"):  # this process's UCX settings, for this measurement
+        os.environ.pop(var, None)
+    os.environ.update(ucx_environment(config))
+    t = NixlTransport(f"probe-{tls}", config)
     t.register([MemoryRegion(src.ctypes.data, SIZE)])
     peer = t.connect("peer", endpoint, blobs)
     rows = []

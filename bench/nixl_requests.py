@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataplane.config import NixlConfig
 from dataplane.transports import MemoryRegion, Writes
-from dataplane.transports.nixl import NixlTransport
+from dataplane.transports.nixl import NixlTransport, ucx_environment
 
 KV, AUX, MAMBA = 0, 1, 2
 SIZES = [256 << 20, 64 << 10, 1 << 20]
@@ -34,6 +35,7 @@ SIZES = [256 << 20, 64 << 10, 1 << 20]
 
 def serve(conn: Connection, name: str) -> None:
     """The peer: registers ``SIZES`` and waits until told to exit."""
+    os.environ.update(ucx_environment(NixlConfig(ucx_net_devices="lo")))  # this process: UCX on loopback
     buffers = [np.zeros(n, dtype=np.uint8) for n in SIZES]
     transport = NixlTransport(name, NixlConfig(ucx_net_devices="lo"))
     blobs = transport.register([MemoryRegion(b.ctypes.data, b.nbytes) for b in buffers])
@@ -64,6 +66,7 @@ def cases() -> dict[str, list[list[tuple[int, int, int, int, int]]]]:
 
 
 def main() -> int:
+    os.environ.update(ucx_environment(NixlConfig(ucx_net_devices="lo")))  # this process: UCX on loopback
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iterations", type=int, default=1500, help="iterations per case and round")
     p.add_argument("--rounds", type=int, default=6, help="rounds, cases alternating within each")

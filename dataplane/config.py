@@ -92,7 +92,7 @@ class NixlConfig(_Base, frozen=True):
     alone in flight gains nothing from the hand-off. Off for agents whose pools are on the GPU
     (``transfer.device: cuda``), whose copies run on the GPU."""
     native_poster: bool = True
-    """With ``post_thread``: the posting thread is native (``transports/native``, built with the host's
+    """With ``post_thread``: the posting thread is native (``transports/nixl/native``, built with the host's
     C++ compiler on first use): it posts, polls and signals finished transfers without the GIL, and
     the role worker sleeps until it signals instead of polling. Falls back to the Python posting
     thread, with a warning saying why, where it cannot be built or loaded."""

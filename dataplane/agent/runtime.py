@@ -53,16 +53,19 @@ def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = 
 
         return CudaIpcTransport(cfg.transfer.gpu_id)
     if cfg.transfer.backend == "mori":
-        from ..transports.mori import MoriTransport
+        from ..transports.mori import MoriTransport, rdma_environment
 
+        os.environ.update(rdma_environment(cfg.transfer.mori))  # the agent's process: MoRI's NICs
         return MoriTransport(engine_name, cfg.listen.host, cfg.transfer.mori, sdk=sdk)
-    from ..transports.nixl import NixlTransport
+    from ..transports.nixl import NixlTransport, ucx_environment
 
     nixl = cfg.transfer.nixl.for_role(cfg.role, cfg.transfer.device)
     if nixl.ucx_net_devices is None:  # UCX listens only where the agent does (``transports.netdevs``)
         nixl = msgspec.structs.replace(nixl, ucx_net_devices=net_devices_for(cfg.listen.host))
     if cfg.transfer.device == "cuda":  # VRAM copies run on the GPU: no posting thread, no shared agent
         nixl = msgspec.structs.replace(nixl, post_thread=False)
+    # The agent's process, where UCX's settings belong: UCX reads them when the backend is made.
+    os.environ.update(ucx_environment(nixl))
     return NixlTransport(engine_name, nixl, sdk=sdk)
 
 

@@ -49,7 +49,7 @@ from ..agent.requests import transfer_requests
 from ..agent.synthetic import items_for_tokens
 from ..errors import PDPairError
 from ..schema.profiles import schema_from_config
-from ..transports.nixl import NixlTransport, load_sdk
+from ..transports.nixl import NixlTransport, load_sdk, ucx_environment
 
 
 def as_role(cfg: Any, role: str) -> Any:
@@ -192,6 +192,7 @@ def _quiet_nixl() -> None:
 def _target(cfg: Any, conn: Any) -> None:
     """The raw engine's passive side: register the decode layout, hand out its blobs, wait."""
     _quiet_nixl()
+    os.environ.update(ucx_environment(cfg.transfer.nixl))  # this process starts here
     pools = MemoryPools.allocate(schema_from_config(as_role(cfg, "decode")), prefault=True)
     transport = NixlTransport("bench-raw-target", cfg.transfer.nixl.for_role("decode"))
     blobs = transport.register(pools.memory_regions())
@@ -202,6 +203,7 @@ def _target(cfg: Any, conn: Any) -> None:
 
 def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str, float]:
     _quiet_nixl()
+    os.environ.update(ucx_environment(cfg.transfer.nixl))  # the benchmark's own process, as an agent's
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     child = ctx.Process(target=_target, args=(cfg, there), daemon=True)

@@ -68,7 +68,8 @@ MODULES = (
     "dataplane/planner/shape.py",
     "dataplane/transports/base.py",
     "dataplane/transports/blocks.py",
-    "dataplane/transports/nixl.py",
+    "dataplane/transports/nixl/adapter.py",
+    "dataplane/transports/nixl/descriptors.py",
 )
 """The room path: the role workers and what they call per room, the local API's both sides (the
 sidecar's workers, the client an engine embeds) and the synthetic engine that drives it in the demo and
@@ -146,7 +147,7 @@ def built(package: Path = PACKAGE) -> Path | None:
 
 EXTENSIONS = tuple(f"*{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES if suffix != ".so")
 """Python extension modules (a package compiled in place) are not copied; other libraries are — the
-native poster's (``transports/native/_build``), which an agent would otherwise rebuild at start-up."""
+native poster's (``transports/nixl/native/_build``), which an agent would otherwise rebuild at start-up."""
 
 
 def build(package: Path = PACKAGE) -> Path:

@@ -31,6 +31,38 @@ def block_size(writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray
     return g if worst <= limit else None
 
 
+def strided_block_size(
+    writes: Writes, local_sizes: np.ndarray, remote_sizes: np.ndarray, limit: int
+) -> int | None:
+    """``block_size`` of a compact batch (``Writes.repeat``), its strides included, without expanding
+    it."""
+    rep = writes.repeat
+    assert rep is not None
+    many = rep[0] > 1
+    parts = [writes.local_offset, writes.remote_offset, writes.size, rep[1][many], rep[2][many]]
+    g = int(np.gcd.reduce(np.abs(np.concatenate(parts))))
+    if g <= 0:
+        return None
+    worst = max(int(local_sizes.sum()), int(remote_sizes.sum()), writes.nbytes) // g
+    return g if worst <= limit else None
+
+
+def strided_block_indices(
+    region: np.ndarray, offset: np.ndarray, count: np.ndarray, stride: np.ndarray, size: np.ndarray,
+    bases: np.ndarray, block: int,
+) -> np.ndarray:
+    """``block_indices`` of a compact batch's writes (entry ``i`` stands for ``count[i]`` writes
+    ``stride[i]`` bytes apart), writes in order, without expanding the batch into its five columns."""
+    entry = np.repeat(np.arange(len(count)), count)
+    step = np.arange(len(entry), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    starts = bases[region][entry] + (offset[entry] + step * stride[entry]) // block
+    n = (size // block)[entry]
+    if int(n.max(initial=1)) == 1:
+        return starts.astype(np.int32)
+    first = np.cumsum(n) - n
+    return (np.repeat(starts - first, n) + np.arange(int(n.sum()))).astype(np.int32)
+
+
 def layout(sizes: np.ndarray, mask: np.ndarray, block: int) -> np.ndarray:
     """First block index of each region in the list of the ``mask`` regions (others hold no blocks)."""
     counts = np.where(mask, sizes.astype(np.int64) // block, 0)

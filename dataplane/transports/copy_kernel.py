@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .base import Writes
+from .batch_kernels import PACK_STRIDED
 
 MIN_CHUNK = 64 << 10
 STRIDED_CHUNK = 256 << 10
@@ -54,7 +55,8 @@ copy on an H200, and 4-64 KiB pages ran the same at any width (docs/gpu.md)."""
 TILE = 4096
 """Elements of a strided batch's 2-D tile (``TILE // cols`` writes by ``cols`` words)."""
 COLS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-"""A strided tile's widths in words; the variant is picked by the batch's largest write."""
+"""A strided tile's widths in words; the variant is picked by the batch's typical write."""
+_COLS = np.array(COLS, dtype=np.int64)
 
 
 def columns(writes: Writes) -> int:
@@ -112,7 +114,9 @@ def strided_geometry(size: np.ndarray, count: np.ndarray) -> Geometry:
     """Grid for a strided batch: each program takes about ``chunk`` bytes of whole writes of one entry
     (``STRIDED_CHUNK``, or less where the batch is too small to fill ``PROGRAMS`` programs; more where
     the grid would pass ``MAX_GRID_Y``), and its 2-D tiles are as wide as the write that most of the
-    batch's writes are (its median by count), rounded up to a power of two."""
+    batch's writes are (its median by count), rounded up to a power of two. Tile widths are monotone
+    in the write's size, so the median's width is the first width whose writes reach half the count:
+    a histogram, not a sort."""
     size = np.maximum(np.asarray(size, np.int64), 1)
     count = np.maximum(np.asarray(count, np.int64), 1)
     total = max(1, int((size * count).sum()))
@@ -121,11 +125,26 @@ def strided_geometry(size: np.ndarray, count: np.ndarray) -> Geometry:
     while splits > MAX_GRID_Y:
         chunk *= 2
         splits = int((-(-count // np.maximum(1, chunk // size))).max())
-    order = np.argsort(size, kind="stable")
-    typical = int(size[order][np.searchsorted(np.cumsum(count[order]), (int(count.sum()) + 1) // 2)])
-    words = -(-typical // 8)
-    cols = min(COLS[-1], max(COLS[0], 1 << (words - 1).bit_length()))
-    return Geometry(chunk, (len(size), splits), cols, 16, 1)
+    words = (size + 7) // 8
+    widths = np.bincount(np.searchsorted(COLS, words), weights=count, minlength=len(COLS) + 1)
+    median = int(np.searchsorted(np.cumsum(widths), (int(count.sum()) + 1) // 2))
+    return Geometry(chunk, (len(size), splits), COLS[min(median, len(COLS) - 1)], 16, 1)
+
+
+def prepare_strided(writes: Writes, alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, Geometry]:
+    """``pack`` and ``strided_geometry`` of a strided batch: one compiled pass where numba is
+    installed (``batch_kernels.PACK_STRIDED``; the numpy calls cost ~150 µs of a room's 300 on the
+    H200 machine's host, docs/gpu.md), else the numpy twins."""
+    assert writes.repeat is not None
+    table = alloc(1 + 8 * len(writes))
+    if PACK_STRIDED is None:
+        pack(writes, lambda k: table)
+        return table, strided_geometry(writes.size, writes.repeat[0])
+    chunk, splits, cols = PACK_STRIDED(
+        table, writes.local_region, writes.local_offset, writes.remote_region, writes.remote_offset,
+        writes.size, writes.repeat, _COLS, STRIDED_CHUNK, PROGRAMS, MAX_GRID_Y,
+    )
+    return table, Geometry(int(chunk), (len(writes), int(splits)), int(cols), 16, 1)
 
 
 def replay(
@@ -312,6 +331,7 @@ __all__ = [
     "columns",
     "geometry",
     "pack",
+    "prepare_strided",
     "region_table",
     "replay",
     "strided_geometry",

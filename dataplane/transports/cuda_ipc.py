@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import BadInput, IncompatiblePeer, TransferFailed, WireFormatError
 from .base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes, write_error
-from .copy_kernel import CopyKernel, columns, geometry, pack, region_table, strided_geometry
+from .copy_kernel import CopyKernel, columns, geometry, pack, prepare_strided, region_table
 from .cudart import D2H, H2D, CudaError, runtime
 from .ipc_memory import export_ipc, open_ipc
 
@@ -229,15 +229,15 @@ class CudaIpcTransport(Transport):
                 self._thread = threading.get_ident()
             words = 1 + columns(writes) * n
             transfer.buffers = host, dev, view = self._table(words)
-            transfer.table = pack(writes, lambda k: view[:k])
+            if writes.repeat is None:
+                transfer.table = pack(writes, lambda k: view[:k])
+                g = geometry(n, nbytes, int(writes.size.max()))
+            else:
+                transfer.table, g = prepare_strided(writes, lambda k: view[:k])
             # Sources are written by the engine on its default stream: copy only after that work.
             rt.record(self._ready, self._engine_stream)
             rt.wait(stream, self._ready)
             rt.memcpy(dev.data_ptr(), host.data_ptr(), 8 * words, H2D, stream)
-            if writes.repeat is None:
-                g = geometry(n, nbytes, int(writes.size.max()))
-            else:
-                g = strided_geometry(writes.size, writes.repeat[0])
             self._kernel.launch(
                 g, stream, (self._base, peer.base), peer.regions.data_ptr(), dev.data_ptr(), n,
                 len(self._addrs), len(peer.addrs),

@@ -1,7 +1,9 @@
 """MoRI-IO adapter (AMD ``amd-mori`` 1.2.4, ``mori.io``): GPU or host memory over RDMA.
 
 Translation only. A batch of writes becomes one ``batch_write`` call with one group per (local region,
-remote region) pair, each group under its own transfer uid; its statuses are polled. Peer bytes are
+remote region) pair, each group its offset and size lists under its own transfer uid (mori's
+``BatchWrite`` binds them as vectors); its statuses are polled. A compact plan (``Writes.repeat``) is
+taken as it is: each group's offsets are worked out from its entries' counts and strides. Peer bytes are
 validated with msgspec against mori's msgpack layouts (``EngineDesc`` 6 fields, ``MemoryDesc`` 15)
 before mori's own ``unpack`` sees them. The SDK is injected (``sdk=``) or imported lazily, so tests pass
 ``dataplane.transports.mori_double`` — the MoRI hardware test double — without patching anything.
@@ -10,7 +12,6 @@ before mori's own ``unpack`` sees them. The SDK is injected (``sdk=``) or import
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -51,6 +52,13 @@ class _MemoryWire(msgspec.Struct, array_like=True):
     fabric_alloc_size: int
 
 
+def rdma_environment(config: MoriConfig) -> dict[str, str]:
+    """``MORI_RDMA_DEVICES`` as ``config`` asks: MoRI picks its NICs from it when the backend is
+    created and takes them no other way, so the process sets it where it starts (the agent's
+    runtime), before its engine is made."""
+    return {"MORI_RDMA_DEVICES": ",".join(config.rdma_devices)} if config.rdma_devices else {}
+
+
 def load_sdk() -> ModuleType:
     try:
         return importlib.import_module("mori.io")
@@ -60,6 +68,19 @@ def load_sdk() -> ModuleType:
 
 def _mapped(exc: Exception, what: str) -> TransferFailed:
     return TransferFailed(f"mori: {what}: {type(exc).__name__}: {exc}")
+
+
+def _offsets(writes: Writes, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The local offsets, remote offsets and sizes of the selected entries' writes: a compact
+    entry (``Writes.repeat``) becomes its ``count`` writes, ``stride`` bytes apart on each side, worked
+    out per (local, remote) region pair rather than the whole batch expanded first."""
+    lo, ro, size = writes.local_offset[sel], writes.remote_offset[sel], writes.size[sel]
+    if writes.repeat is None:
+        return lo, ro, size
+    count, ls, rs = writes.repeat[:, sel]
+    entry = np.repeat(np.arange(len(count)), count)
+    step = np.arange(len(entry), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    return lo[entry] + step * ls[entry], ro[entry] + step * rs[entry], size[entry]
 
 
 @dataclass(eq=False)
@@ -81,16 +102,13 @@ class MoriTransport(Transport):
     """``key`` names the engine (unique per process and peer set); ``host`` is the address it binds."""
 
     name = "mori"
+    takes_strided = True
 
     def __init__(
         self, key: str, host: str, config: MoriConfig | None = None, *, port: int = 0,
         sdk: ModuleType | None = None,
     ):
         config = config or MoriConfig()
-        if config.rdma_devices:
-            # MoRI picks its NICs from this variable when the backend is created and takes them no
-            # other way: this constructor is the one place that writes it.
-            os.environ["MORI_RDMA_DEVICES"] = ",".join(config.rdma_devices)
         self._sdk = sdk or load_sdk()
         poll = self._sdk.PollCqMode.EVENT if config.poll_cq_mode == "event" else self._sdk.PollCqMode.POLLING
         try:
@@ -154,10 +172,9 @@ class MoriTransport(Transport):
         pairs, group = np.unique(pair_key, axis=1, return_inverse=True)
         args: list[list[Any]] = [[], [], [], [], [], []]
         for g, (lr, rr) in enumerate(pairs.T):
-            sel = group.reshape(-1) == g
+            lo, ro, size = _offsets(writes, group.reshape(-1) == g)
             values = (
-                self._descs[lr], writes.local_offset[sel].tolist(), peer.descs[rr],
-                writes.remote_offset[sel].tolist(), writes.size[sel].tolist(),
+                self._descs[lr], lo.tolist(), peer.descs[rr], ro.tolist(), size.tolist(),
                 self._engine.allocate_transfer_uid(),
             )
             for out, value in zip(args, values, strict=True):
@@ -166,7 +183,7 @@ class MoriTransport(Transport):
             statuses = list(self._engine.batch_write(*args))
         except Exception as exc:
             raise _mapped(exc, f"batch_write to {peer.peer_id!r}") from exc
-        return MoriTransfer(peer, len(writes), writes.nbytes, statuses=statuses)
+        return MoriTransfer(peer, writes.count, writes.nbytes, statuses=statuses)
 
     def poll(self, transfer: Transfer) -> TransferState:
         assert isinstance(transfer, MoriTransfer)

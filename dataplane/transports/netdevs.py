@@ -5,7 +5,8 @@ default): an agent told ``listen.host: 127.0.0.1`` would still accept connection
 addresses. ``net_devices_for`` names the interface that holds ``listen.host`` and every RDMA port
 (which open no TCP listener), for ``NixlConfig.ucx_net_devices`` when the config leaves it unset.
 NIXL's own ``device_list`` backend parameter names RDMA devices only (it appends a port), so the
-value reaches UCX through its environment variable (``transports.nixl``).
+value reaches UCX through its environment variable, set where the process starts
+(``transports.nixl.sdk.ucx_environment``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def test_the_copy_keeps_the_native_posters_library(copy: Path) -> None:
     native = compiled.PACKAGE / "transports" / "native" / "_build"
     libs = sorted(p.name for p in native.glob("libpdpair_nixl_poster-*.so"))
     assert libs, "scripts/setup builds the native poster"
-    assert sorted(p.name for p in (copy / "dataplane/transports/native/_build").glob("*.so")) == libs
+    assert sorted(p.name for p in (copy / "dataplane/transports/nixl/native/_build").glob("*.so")) == libs
 
 
 def test_every_listed_module_is_an_extension_in_the_copy(copy: Path) -> None:

@@ -112,7 +112,8 @@ def test_extras_are_the_ones_ci_installs() -> None:
 def test_agent_image_builds_its_native_parts_into_the_installed_package() -> None:
     """The posting thread and the compiled per-room modules (what CI's second agent pass runs)."""
     runs = _runs("agent")
-    for step in ("python -P -m dataplane.transports.native", "python -P -m dataplane.compiled --in-place"):
+    steps = ("python -P -m dataplane.transports.nixl.native", "python -P -m dataplane.compiled --in-place")
+    for step in steps:
         assert step in runs, step
     assert re.search(r"apt-get install [^&]*\bgcc=\S+ [^&]*\bg\+\+=\S+", runs), runs
 

@@ -1,8 +1,8 @@
-"""NIXL's lists cut by grain (``nixl.Cut``, ``blocks.settle_grains``): a room's small batch of mixed
-sizes — KV pages and a 64-byte aux slot — goes as indices into lists prepared once, re-cut when a finer
-write comes, and as exact descriptors where lists cut that fine would pass ``prep_limit``. Real bytes
-between this process and a spawned peer (``test_transport_conformance.nixl_pair``), checked byte for
-byte on the peer."""
+"""NIXL's lists cut by grain (``nixl.descriptors.Cut``, ``blocks.settle_grains``): a room's small
+batch of mixed sizes — KV pages and a 64-byte aux slot — goes as indices into lists prepared once,
+re-cut when a finer write comes, and as exact descriptors where lists cut that fine would pass
+``prep_limit``. Real bytes between this process and a spawned peer
+(``test_transport_conformance.nixl_pair``), checked byte for byte on the peer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dataplane.transports import Writes
-from dataplane.transports.nixl import GRAIN_REFUSALS, NixlTransport
+from dataplane.transports.nixl import NixlTransport
+from dataplane.transports.nixl.descriptors import GRAIN_REFUSALS
 from tests.integration.test_transport_conformance import SIZES, nixl_pair, run, verify, writes
 
 pytestmark = pytest.mark.nixl
@@ -36,13 +37,13 @@ def test_rooms_go_by_grain_and_a_finer_write_recuts_without_losing_a_byte() -> N
             run(pair, w)
         verify(pair, Writes.concat(batches))
         assert t.paths["grain"] == 6 and t.paths["exact"] == 0, t.paths
-        assert t._cut is not None and t._cut.grains == [PAGE, SLOT]
-        first_lists = t._cut.handles()
+        assert t._local.cut is not None and t._local.cut.grains == [PAGE, SLOT]
+        first_lists = t._local.cut.handles()
 
         half = writes(lr=[0], lo=[20 * PAGE + 2048], rr=[0], ro=[40 * PAGE], n=[2048])
         run(pair, half)
-        assert t._cut.grains == [2048, SLOT]
-        assert all(h in t._cut.retired for h in first_lists), "the replaced list is kept, not freed"
+        assert t._local.cut.grains == [2048, SLOT]
+        assert all(h in t._local.cut.retired for h in first_lists), "the replaced list is kept, not freed"
         more = [room(k) for k in range(6, 9)]
         for w in more:
             run(pair, w)
@@ -62,7 +63,7 @@ def test_lists_too_long_go_exact_and_a_peer_that_keeps_refusing_stops_being_trie
         for w in odd:
             run(pair, w)
         verify(pair, Writes.concat([room(0), *odd]))
-        assert pair.peer.cut is not None and pair.peer.cut.refusals == GRAIN_REFUSALS
+        assert pair.peer.side.cut is not None and pair.peer.side.cut.refusals == GRAIN_REFUSALS
         assert t.paths["grain"] == 1 and t.paths["exact"] == len(odd), t.paths
         run(pair, room(1))  # this peer's rooms now go the other ways too
         verify(pair, Writes.concat([room(0), *odd, room(1)]))
@@ -76,9 +77,9 @@ def test_disconnect_and_close_release_every_list() -> None:
         for k in range(3):
             run(pair, room(k))
         run(pair, writes(lr=[0], lo=[1024], rr=[0], ro=[0], n=[1024]))
-        assert pair.peer.cut is not None and pair.peer.cut.retired
+        assert pair.peer.side.cut is not None and pair.peer.side.cut.retired
         t.disconnect(pair.peer)
-        assert pair.peer.cut is None
+        assert pair.peer.side.cut is None
         t.close()
-        assert t._cut is None
+        assert t._local.cut is None
         assert np.array_equal(pair.read_remote(0)[:1024], pair.local[0][1024:2048])

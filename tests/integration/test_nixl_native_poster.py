@@ -1,4 +1,4 @@
-"""The native posting thread (``transports/native``, ``NixlConfig.nativePoster``): host writes handed to
+"""The native posting thread (``transports/nixl/native``, ``NixlConfig.nativePoster``): host writes handed to
 it land byte for byte with nothing outside them touched, each finished transfer is signalled through
 ``wake_fd`` (no polling), a transfer cancelled while queued is never written, writes to a frozen peer
 fail at their deadline and a thawed one is written again; where the library cannot be built or the
@@ -19,9 +19,9 @@ import pytest
 
 from dataplane.config import NixlConfig
 from dataplane.errors import DeadlineExceeded, TransferFailed
-from dataplane.transports import MemoryRegion, TransferState, native
-from dataplane.transports.nixl import NixlTransfer, NixlTransport
-from tests.integration.test_transport_conformance import Pair, nixl_pair
+from dataplane.transports import MemoryRegion, TransferState
+from dataplane.transports.nixl import NixlTransfer, NixlTransport, native, sdk
+from tests.integration.test_transport_conformance import Pair, nixl_pair, ucx_env
 from tests.integration.test_transport_conformance import one_write as one
 
 pytestmark = pytest.mark.nixl
@@ -135,7 +135,8 @@ def test_without_a_compiler_the_python_posting_thread_takes_over(
             native.build()
         buf = np.zeros(MIB, np.uint8)
         with caplog.at_level(logging.WARNING, "pdpair.transports.nixl"):
-            t = NixlTransport("no-native", NixlConfig(ucx_net_devices="lo"))
+            with ucx_env(NixlConfig(ucx_net_devices="lo")):
+                t = NixlTransport("no-native", NixlConfig(ucx_net_devices="lo"))
             t.register([MemoryRegion(buf.ctypes.data, buf.nbytes)])
         try:
             assert t._native is None and t._poster is not None and t.wake_fd is None
@@ -150,8 +151,8 @@ def test_an_object_of_another_layout_is_refused_before_any_call() -> None:
     class NotABinding:
         pass
 
-    with pytest.raises(native.NativeUnavailable, match="unexpected layout"):
-        native.nixl_entry_points(NotABinding())
+    with pytest.raises(sdk.EntryPointsUnavailable, match="unexpected layout"):
+        sdk.entry_points(NotABinding())
 
 
 def test_a_build_is_made_once_per_source_version_and_older_builds_are_pruned(tmp_path: Path) -> None:
@@ -168,7 +169,9 @@ def test_a_closed_poster_refuses_calls_instead_of_touching_freed_memory() -> Non
     """``close`` may run on another thread than the worker's (shutdown): later calls are answered
     without entering the freed queue, and a cancel then tells the caller not to release."""
     buf = np.zeros(MIB, np.uint8)
-    with NixlTransport("closed-poster", NixlConfig(ucx_net_devices="lo")) as t:
+    with ucx_env(NixlConfig(ucx_net_devices="lo")):
+        t = NixlTransport("closed-poster", NixlConfig(ucx_net_devices="lo"))
+    with t:
         t.register([MemoryRegion(buf.ctypes.data, buf.nbytes)])
         poster = t._native
         assert poster is not None and poster.close() and not poster.stuck

@@ -12,7 +12,8 @@ import pytest
 
 from dataplane.errors import DeadlineExceeded
 from dataplane.transports import TransferState, Writes
-from dataplane.transports.nixl import NixlTransport, _thread_params
+from dataplane.transports.nixl import NixlTransport
+from dataplane.transports.nixl.sdk import thread_params
 from tests.integration.test_transport_conformance import nixl_pair, one_write
 
 pytestmark = pytest.mark.nixl
@@ -20,9 +21,9 @@ MIB = 1 << 20
 
 
 def test_a_request_of_a_few_descriptors_is_handed_to_the_backend_threads() -> None:
-    assert _thread_params("UCX", 2) == {"num_threads": "2", "split_batch_size": "1"}
-    assert _thread_params("GDS_MT", 2) == {"thread_count": "2"}
-    assert _thread_params("POSIX", 2) == {}
+    assert thread_params("UCX", 2) == {"num_threads": "2", "split_batch_size": "1"}
+    assert thread_params("GDS_MT", 2) == {"thread_count": "2"}
+    assert thread_params("POSIX", 2) == {}
 
 
 def test_writes_of_every_size_land_through_the_backend_thread_with_no_posting_thread() -> None:

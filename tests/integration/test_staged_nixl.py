@@ -22,6 +22,7 @@ from dataplane.schema.profiles import profile
 from dataplane.staging import HostStager, SlotPool
 from dataplane.transports import MemoryRegion, TransferState
 from dataplane.transports.nixl import NixlTransport
+from tests.integration.test_transport_conformance import ucx_env
 
 pytestmark = pytest.mark.nixl
 
@@ -31,7 +32,8 @@ SLOTS, SLOT_BYTES = 3, 32 << 10
 def side(name: str, schema):  # type: ignore[no-untyped-def]
     pools = MemoryPools.allocate(schema, arena=True)
     staging = np.zeros(SLOTS * SLOT_BYTES, np.uint8)
-    transport = NixlTransport(f"{name}-{uuid.uuid4().hex[:6]}", NixlConfig(ucx_net_devices="lo"))
+    with ucx_env(NixlConfig(ucx_net_devices="lo")):
+        transport = NixlTransport(f"{name}-{uuid.uuid4().hex[:6]}", NixlConfig(ucx_net_devices="lo"))
     regions = [*pools.memory_regions(), MemoryRegion(staging.ctypes.data, staging.nbytes)]
     return pools, staging, transport, transport.register(regions)
 

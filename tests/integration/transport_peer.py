@@ -8,18 +8,21 @@ region ``i``; ``("fill", i, byte)``; ``("connect", endpoint, blobs)`` → lets i
 
 from __future__ import annotations
 
+import os
 from multiprocessing.connection import Connection
 
 import numpy as np
 
 from dataplane.config import NixlConfig
 from dataplane.transports import MemoryRegion
-from dataplane.transports.nixl import NixlTransport
+from dataplane.transports.nixl import NixlTransport, ucx_environment
 
 
 def serve(conn: Connection, name: str, sizes: list[int], ucx_tls: str | None) -> None:
     buffers = [np.zeros(n, dtype=np.uint8) for n in sizes]
-    transport = NixlTransport(name, NixlConfig(ucx_tls=ucx_tls, ucx_net_devices="lo"))
+    config = NixlConfig(ucx_tls=ucx_tls, ucx_net_devices="lo")
+    os.environ.update(ucx_environment(config))  # this process starts here: its UCX settings
+    transport = NixlTransport(name, config)
     blobs = transport.register([MemoryRegion(b.ctypes.data, b.nbytes) for b in buffers])
     for _ in range(10_000):
         msg = conn.recv()

@@ -310,3 +310,27 @@ def test_prefill_takes_a_burst_of_messages_a_few_per_turn():
         push.close()
         worker.shutdown()
         rt.transport.close()
+
+
+def test_the_agents_process_carries_the_engines_environment_and_no_transport_writes_it(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """UCX and MoRI read their devices from the environment when their backend is made: the agent's
+    runtime sets it for its process (``make_transport``); a transport made directly leaves it alone."""
+    import os
+
+    import msgspec
+
+    from dataplane.agent import runtime
+    from dataplane.config import AgentConfig, MoriConfig, TransferConfig
+    from dataplane.transports import mori_double
+    from dataplane.transports.mori import MoriTransport
+
+    monkeypatch.delenv("MORI_RDMA_DEVICES", raising=False)
+    mori = MoriConfig(rdma_devices=["mlx5_0", "mlx5_1"])
+    MoriTransport("direct", "127.0.0.1", mori, sdk=mori_double).close()
+    assert "MORI_RDMA_DEVICES" not in os.environ
+    cfg = AgentConfig(transfer=TransferConfig(backend="mori", mori=mori))
+    cfg = msgspec.structs.replace(cfg, listen=msgspec.structs.replace(cfg.listen, host="127.0.0.1"))
+    runtime.make_transport(cfg, "made", sdk=mori_double).close()
+    assert os.environ["MORI_RDMA_DEVICES"] == "mlx5_0,mlx5_1"

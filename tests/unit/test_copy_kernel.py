@@ -222,3 +222,22 @@ def test_a_strided_batch_packs_three_more_columns_and_cuts_entries_into_whole_wr
     assert mixed.grid == (2, -(-4096 // (mixed.chunk // 512)))
     assert mixed.chunk < STRIDED_CHUNK  # a small batch: smaller programs, to fill the GPU
     assert w.expanded().count == w.count == 1000 and w.nbytes == 512 * 1000
+
+
+def test_a_strided_batch_is_packed_and_measured_alike_compiled_and_in_numpy() -> None:
+    from dataplane.transports.batch_kernels import PACK_STRIDED
+    from dataplane.transports.copy_kernel import prepare_strided
+
+    if PACK_STRIDED is None:
+        pytest.skip("numba is not installed: only the numpy twin runs")
+    rng = np.random.default_rng(11)
+    for n in (1, 3, 40, 3000):
+        size = rng.choice([8, 100, 512, 1024, 6144, 1 << 20], n).astype(np.int64)
+        count = rng.choice([1, 64, 960, 100_000], n).astype(np.int64)
+        rep = np.stack([count, size * 2, size]).astype(np.int64)
+        rep = np.asfortranarray(rep) if n == 40 else rep  # a mask's subset of a plan's columns is F-ordered
+        w = Writes(rng.integers(0, 4, n).astype(np.int32), rng.integers(0, 1 << 30, n), rng.integers(0, 4, n)
+                   .astype(np.int32), rng.integers(0, 1 << 30, n), size, rep)
+        table, g = prepare_strided(w, lambda k: np.empty(k, np.int64))
+        assert table.tolist() == pack(w).tolist()
+        assert g == strided_geometry(w.size, count), n

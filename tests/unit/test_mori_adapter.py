@@ -50,6 +50,25 @@ def test_one_group_per_region_pair_with_its_own_uid(setup: Any) -> None:
     assert np.array_equal(dst[1][:96], np.r_[src[0][:32], np.zeros(32, np.uint8), src[0][64:96]])
 
 
+def test_a_compact_plan_goes_as_each_pairs_offset_lists(setup: Any) -> None:
+    """Entries standing for 4 and 3 writes (``Writes.repeat``), and a plain one: each region pair's
+    group carries every write's offsets, worked out from the counts and strides, in entry order."""
+    me, peer, src, dst, _ = setup
+    rep = np.array([[4, 1, 3], [64, 0, 32], [16, 0, 128]], np.int64)
+    compact = Writes(np.array([0, 1, 0], np.int32), np.array([0, 8, 512]), np.array([0, 1, 0], np.int32),
+                     np.array([1024, 0, 2048]), np.array([16, 8, 32]), rep)
+    assert me.takes_strided
+    t = me.write(peer, compact)
+    me.wait(t, time.monotonic() + 1)
+    assert t.count == 8
+    (_, loffs, _, roffs, sizes, _), = mori_double.engine(me._engine.key).batch_calls
+    assert loffs == [[0, 64, 128, 192, 512, 544, 576], [8]]
+    assert roffs == [[1024, 1040, 1056, 1072, 2048, 2176, 2304], [0]]
+    assert sizes == [[16] * 4 + [32] * 3, [8]]
+    for lo, ro, n in zip(loffs[0], roffs[0], sizes[0], strict=True):
+        assert np.array_equal(dst[0][ro : ro + n], src[0][lo : lo + n])
+
+
 def test_stuck_transfer_hits_the_deadline(setup: Any) -> None:
     me, peer, _, _, far_key = setup
     mori_double.engine(far_key).frozen = True

@@ -132,3 +132,23 @@ def test_a_room_keeps_one_index_per_item_and_a_finer_write_refines_only_its_regi
     half = ([0], [2048], [0], [0], [2048])
     assert blocks.settle_grains(half, [4096, 4096, 64], [4096, 4096, 64]) == ({0: 2048}, {0: 2048})
     assert blocks.cut_entries([65536, 65536, 1024], [2048, 4096, 64], [True, False, True]) == 32 + 16
+
+
+def test_a_compact_batch_gives_the_indices_and_block_of_its_expanded_writes() -> None:
+    from dataplane.transports import Writes
+
+    rng = np.random.default_rng(5)
+    sizes = np.array([1 << 20, 1 << 20], np.int64)
+    count = rng.integers(1, 40, 12)
+    size = rng.choice([256, 512, 1024], 12).astype(np.int64)
+    rep = np.stack([count, size * 2, size * rng.integers(1, 3, 12)]).astype(np.int64)
+    w = Writes(rng.integers(0, 2, 12).astype(np.int32), rng.integers(0, 64, 12) * 256,
+               rng.integers(0, 2, 12).astype(np.int32), rng.integers(0, 64, 12) * 256, size, rep)
+    e = w.expanded()
+    g = blocks.strided_block_size(w, sizes, sizes, 1 << 20)
+    assert g == blocks.block_size(e, sizes, sizes, 1 << 20) == 256
+    bases = blocks.layout(sizes, np.array([True, True]), g)
+    got = blocks.strided_block_indices(w.local_region, w.local_offset, rep[0], rep[1], w.size, bases, g)
+    assert got.tolist() == blocks.block_indices(e.local_region, e.local_offset, e.size, bases, g).tolist()
+    got = blocks.strided_block_indices(w.remote_region, w.remote_offset, rep[0], rep[2], w.size, bases, g)
+    assert got.tolist() == blocks.block_indices(e.remote_region, e.remote_offset, e.size, bases, g).tolist()

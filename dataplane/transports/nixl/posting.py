@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import TransferFailed
+from ...errors import TransferFailed
 
 Posting = tuple[Any, Any] | threading.Event | None
 """(transfer, handle) to post, a drain marker to set, or None: stop."""

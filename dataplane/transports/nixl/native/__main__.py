@@ -1,4 +1,4 @@
-"""``python -m dataplane.transports.native [FOLDER]``: build the native poster now (images, set-up)."""
+"""``python -m dataplane.transports.nixl.native [FOLDER]``: build the native poster now (images, set-up)."""
 
 import sys
 from pathlib import Path

@@ -5,16 +5,14 @@ must take the GIL back afterwards (py-spy on a 16-core host: 14-15% of the posti
 while the role worker polls every running transfer. This thread posts, polls and signals finished
 transfers through an eventfd without the GIL; the worker sleeps until it fires.
 
-The library has no link-time dependency on NIXL or Python: ``nixl_entry_points`` hands it the NIXL
-agent's C++ pointer (from the pybind11 object NIXL's Python API holds) and the addresses of
-``nixlAgent::postXferReq`` and ``getXferStatus`` in the ``libnixl.so`` the bindings loaded. Both are
-checked first (pybind11's holder and value pointers must agree; both symbols must exist) and the
-adapter falls back to the Python posting thread when anything is missing — no compiler, another
-NIXL build — with the reason in its log.
+The library has no link-time dependency on NIXL or Python: it is handed the NIXL agent's C++ pointer
+and the addresses of ``nixlAgent::postXferReq`` and ``getXferStatus`` (``sdk.entry_points``, which
+checks them first); the adapter falls back to the Python posting thread when anything is missing —
+no compiler, another NIXL build — with the reason in its log.
 
 Where the library goes: ``$PDPAIR_NATIVE_DIR``, else ``_build/`` beside the source when writable (the
-image builds it there: ``python -P -m dataplane.transports.native``), else ``~/.cache/pdpair``; its name
-carries the source's hash, so an edited source is rebuilt.
+image builds it there: ``python -P -m dataplane.transports.nixl.native``), else ``~/.cache/pdpair``;
+its name carries the source's hash, so an edited source is rebuilt.
 """
 
 from __future__ import annotations
@@ -28,12 +26,9 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
 
 SOURCE = Path(__file__).with_name("nixl_poster.cpp")
 FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-pthread")
-POST_SYMBOL = "_ZNK9nixlAgent11postXferReqEP12nixlXferReqHPK21nixlAgentOptionalArgs"
-STATUS_SYMBOL = "_ZNK9nixlAgent13getXferStatusEP12nixlXferReqH"
 
 
 class NativeUnavailable(Exception):
@@ -111,39 +106,6 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def nixl_entry_points(binding_agent: Any) -> tuple[int, int, int]:
-    """(agent pointer, postXferReq, getXferStatus) for the pybind11 ``nixlAgent`` NIXL's API holds.
-
-    A pybind11 object of a class bound with its default holder (``std::unique_ptr``) keeps the C++
-    pointer right after the object header and the holder, holding the same pointer, right after it;
-    anything else there means another binding layout, and the native poster is not used."""
-    base = id(binding_agent) + object.__basicsize__
-    value = ctypes.c_void_p.from_address(base).value
-    holder = ctypes.c_void_p.from_address(base + ctypes.sizeof(ctypes.c_void_p)).value
-    if not value or value != holder:
-        raise NativeUnavailable("the NIXL bindings' agent object has an unexpected layout")
-    path = _loaded("libnixl.so")
-    lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-    try:
-        post, status = getattr(lib, POST_SYMBOL), getattr(lib, STATUS_SYMBOL)
-    except AttributeError as exc:
-        raise NativeUnavailable(f"{path} lacks nixlAgent's postXferReq or getXferStatus: {exc}") from exc
-    addr = ctypes.cast(post, ctypes.c_void_p).value, ctypes.cast(status, ctypes.c_void_p).value
-    assert addr[0] and addr[1]
-    return value, addr[0], addr[1]
-
-
-def _loaded(name: str) -> str:
-    """The path of a shared library this process has loaded (NIXL's wheels keep it in a private
-    folder and load it from their bindings)."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.rstrip("\n").split(maxsplit=5)[-1]
-            if path.endswith("/" + name):
-                return path
-    raise NativeUnavailable(f"{name} is not loaded in this process")
-
-
 class NativePoster:
     """One native thread that posts queued transfers in order and reports the finished ones.
 
@@ -151,7 +113,9 @@ class NativePoster:
 
     TAKE = 64
 
-    def __init__(self, binding_agent: Any, efd: int, max_pause_us: int = 200):
+    def __init__(self, entry: tuple[int, int, int], efd: int, max_pause_us: int = 200):
+        """``entry``: the agent's C++ pointer, ``postXferReq`` and ``getXferStatus``
+        (``sdk.entry_points``)."""
         self._lock = threading.Lock()
         """Held around every call into the queue: ``close`` (from another thread at shutdown) never
         frees it under a call of the role worker's."""
@@ -159,7 +123,7 @@ class NativePoster:
         """A cancel timed out: the thread is inside a NIXL call that does not return. Later cancels
         do not wait again, and a failed ``close`` leaves the thread its memory."""
         self._lib = library()
-        agent, post, status = nixl_entry_points(binding_agent)
+        agent, post, status = entry
         self._q = self._lib.pdpair_poster_open(agent, post, status, efd, max_pause_us)
         self._tokens = (ctypes.c_uint64 * self.TAKE)()
         self._statuses = (ctypes.c_int32 * self.TAKE)()
@@ -215,4 +179,4 @@ class NativePoster:
         return not self.stuck
 
 
-__all__ = ["NativePoster", "NativeUnavailable", "build", "library", "nixl_entry_points"]
+__all__ = ["NativePoster", "NativeUnavailable", "build", "library"]
