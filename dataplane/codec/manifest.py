@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from ..errors import SchemaError, WireFormatError
-from ..schema import RoleSchema, state_type
+from ..schema import RoleSchema, canonical_state_type, state_type
 
 MANIFEST_MAGIC = b"PDPM"
 MANIFEST_VERSION = 1
@@ -37,11 +37,15 @@ class KVSummary(msgspec.Struct, frozen=True):
 class ComponentSummary(msgspec.Struct, frozen=True):
     name: Name
     state_type: Name
+    """Stored under its current name: sglang's older ``nsa`` arrives as ``dsa``."""
     dtype: Name
     item_lens: tuple[Positive, ...]
     tp_dims: tuple[NonNeg, ...]
     """Per tensor, the size on this rank of the dimension TP splits; 0 = replicated."""
     num_items: Positive
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "state_type", canonical_state_type(self.state_type))
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
