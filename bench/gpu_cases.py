@@ -2,7 +2,7 @@
 
 A case is either a block case (``count`` blocks of ``block`` bytes picked at random from a pool of
 twice as many, on both sides: scattered, as pages are after churn) or a model mix (one request of a
-built-in profile at full size, ``scale=1``: its KV pages, aux slot and state components, planned by
+built-in profile at its real size: its KV pages, aux slot and state components, planned by
 the real planner). Both sides build the same layout from the case alone: the agent's ``MemoryPools``
 allocated as one arena on the GPU (``arena=True``: every region a view, bases aligned to 2 MiB), and one
 staging buffer registered after them (region id = number of pool regions).
@@ -54,7 +54,7 @@ QUICK = (
 def schema_of(case: Case) -> RoleSchema | None:
     if not case.model:
         return None
-    return profile(case.model).schema(scale=1, page_size=64, pool_pages=case.pool_pages, max_requests=8)
+    return profile(case.model).schema(page_size=64, pool_pages=case.pool_pages, max_requests=8)
 
 
 def region_sizes(case: Case) -> list[int]:

@@ -137,8 +137,8 @@ def room(
 
     qwen = profile("qwen3-next")
     qwen = replace(qwen, kv=replace(qwen.kv, heads=kv_heads))
-    local = qwen.schema(tp_size=src_tp, tp_rank=src_rank, scale=1, pool_pages=POOL, max_requests=2)
-    peer_schema = qwen.schema(tp_size=dst_tp, tp_rank=dst_rank, scale=1, pool_pages=POOL, max_requests=2)
+    local = qwen.schema(tp_size=src_tp, tp_rank=src_rank, pool_pages=POOL, max_requests=2)
+    peer_schema = qwen.schema(tp_size=dst_tp, tp_rank=dst_rank, pool_pages=POOL, max_requests=2)
     rng = np.random.default_rng(35)
     src_kv, dst_kv = fragmented_pages(rng, ROOM_PAGES, POOL), fragmented_pages(rng, ROOM_PAGES, POOL)
     req = RequestIndices.of(src_kv, dst_kv, 0, 1, [[1]], [[0]])

@@ -75,10 +75,18 @@ def register(subparsers: Any) -> None:
 
 
 def demo_config(args: argparse.Namespace) -> Any:
+    """The model's first layers up to one of each kind (Qwen3-Next: 3 GDN + 1 full attention), each at
+    its real size, in a pool of a few hundred MB."""
     from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig, TransferConfig
+    from ..schema.profiles import profile
 
     return AgentConfig(
-        model=ModelConfig(profile=args.profile, pool_pages=POOL_PAGES, max_requests=MAX_REQUESTS),
+        model=ModelConfig(
+            profile=args.profile,
+            pool_pages=POOL_PAGES,
+            max_requests=MAX_REQUESTS,
+            layers=profile(args.profile).pattern_layers,
+        ),
         transfer=TransferConfig(
             backend=args.backend,
             timeout_seconds=30,

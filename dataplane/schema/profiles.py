@@ -1,10 +1,12 @@
 """Built-in model profiles as data: one table row per model, turned into a ``RoleSchema`` for a rank.
 
-Each profile names its layer pattern (every ``full_every``-th layer is full attention, with KV; the
-others carry a hybrid state: Mamba/GDN slots or SWA pages) and the paged state components beside KV.
-Dimensions are real-ish (taken from the public model configs) and divided by ``scale`` so a demo pool
-of 1-2K pages fits in a few hundred MB of host memory; ``scale=1`` gives the full-size layout, and
-``layers`` cuts the layer count. Adding a model is one ``Profile(...)`` entry in ``PROFILES``.
+Profiles are the synthetic engine's only: a serving engine registers its own pools, and those define
+the layout at their real size. Each profile is its model's real layout per token — head counts, head
+dims and dtypes from the public model configs — with its layer pattern (every ``full_every``-th layer
+is full attention, with KV; the others carry a hybrid state: Mamba/GDN slots or SWA pages) and the
+paged state components beside KV. A demo or a test keeps its memory and run time small by counts
+alone: the model's first ``layers`` layers, the pool's pages and the request slots; no dimension is
+ever shrunk. Adding a model is one ``Profile(...)`` entry in ``PROFILES``.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ class PagedDims:
     split: bool = True
     """Heads are split by TP (MHA); False for replicated state (MLA latent, DSA index keys)."""
     extra_bytes: int = 0
-    """Unscaled bytes per token after the elements (e.g. an fp8 scale)."""
+    """Bytes per token after the elements (e.g. an fp8 quantisation scale)."""
 
-    def token_bytes(self, tp_size: int, scale: int) -> int:
+    def token_bytes(self, tp_size: int) -> int:
         heads = max(1, self.heads // tp_size) if self.split else self.heads
-        return heads * max(1, self.head_dim // scale) * DTYPE_BYTES[self.dtype] + self.extra_bytes
+        return heads * self.head_dim * DTYPE_BYTES[self.dtype] + self.extra_bytes
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,11 @@ class Profile:
     mamba: GDNDims | None = None
     """Mamba/GDN slots on the non-full layers."""
     paged: tuple[PagedState, ...] = ()
-    scale: int = 16
-    """Default divisor of head dims (``schema(scale=1)`` for the real sizes)."""
+
+    @property
+    def pattern_layers(self) -> int:
+        """The fewest first layers that hold one layer of each kind (the smallest model a demo runs)."""
+        return self.full_every
 
     def schema(
         self,
@@ -92,48 +97,48 @@ class Profile:
         page_size: int = 64,
         pool_pages: int = 1024,
         max_requests: int = 64,
-        scale: int | None = None,
         layers: int | None = None,
         dtype: str | None = None,
     ) -> RoleSchema:
-        """The schema one rank of this model holds."""
+        """The schema one rank of this model holds; ``layers``: only the model's first ``layers``
+        layers (None: all of them), each at its real size."""
         p = replace(self, kv=replace(self.kv, dtype=dtype)) if dtype else self
-        sc, n = scale or p.scale, layers or p.layers
-        if sc <= 0 or n <= 0 or page_size <= 0 or pool_pages <= 0 or max_requests <= 0:
-            raise SchemaError(
-                f"profile {p.name!r}: scale, layers, page_size, pool_pages, max_requests must be > 0"
-            )
+        n = p.layers if layers is None else layers
+        if n <= 0 or page_size <= 0 or pool_pages <= 0 or max_requests <= 0:
+            raise SchemaError(f"profile {p.name!r}: layers, page_size, pool_pages, max_requests must be > 0")
+        if n > p.layers:
+            raise SchemaError(f"profile {p.name!r} has {p.layers} layers, not {n}: ask for at most that")
         full = [i for i in range(n) if i % p.full_every == p.full_every - 1]
         hybrid = [i for i in range(n) if i % p.full_every != p.full_every - 1]
         per_layer = 2 if p.kv_layout == "mha" else 1
         kv = KVSpec(
-            item_len=page_size * p.kv.token_bytes(tp_size, sc),
+            item_len=page_size * p.kv.token_bytes(tp_size),
             num_pages=pool_pages,
             layer_ids=tuple(full) * per_layer,
             page_size=page_size,
             dtype=p.kv.dtype,
             layout=p.kv_layout,
         )
-        comps = [_mamba(p.mamba, hybrid, tp_size, sc, max_requests, p.name)] if p.mamba and hybrid else []
+        comps = [_mamba(p.mamba, hybrid, tp_size, max_requests, p.name)] if p.mamba and hybrid else []
         for ps in p.paged:
             ids = full if ps.layers == "full" else hybrid
             if ids:
-                comps.append(_paged(ps, ids, tp_size, sc, page_size, pool_pages))
+                comps.append(_paged(ps, ids, tp_size, page_size, pool_pages))
         return RoleSchema(p.name, tp_size, tp_rank, kv, tuple(comps), AuxSpec((64,), max_requests))
 
 
-def _paged(ps: PagedState, ids: list[int], tp: int, scale: int, page: int, pages: int) -> Component:
-    item = page * ps.dims.token_bytes(tp, scale)
+def _paged(ps: PagedState, ids: list[int], tp: int, page: int, pages: int) -> Component:
+    item = page * ps.dims.token_bytes(tp)
     tensors = tuple(TensorSpec(item, layer_id=i) for i in ids for _ in range(ps.tensors_per_layer))
     return Component(ps.name, ps.state_type, tensors, pages, ps.dims.dtype)
 
 
-def _mamba(g: GDNDims, ids: list[int], tp: int, scale: int, slots: int, name: str) -> Component:
+def _mamba(g: GDNDims, ids: list[int], tp: int, slots: int, name: str) -> Component:
     if g.key_heads % tp or g.value_heads % tp:
         raise SchemaError(
             f"profile {name!r}: TP {tp} does not divide {g.key_heads} key / {g.value_heads} value heads"
         )
-    kd, vd = max(1, g.key_dim // scale), max(1, g.value_dim // scale)
+    kd, vd = g.key_dim, g.value_dim
     groups = (g.key_heads * kd, g.key_heads * kd, g.value_heads * vd)
     conv_rows, heads = sum(groups) // tp, g.value_heads // tp
     tensors = tuple(
@@ -181,7 +186,6 @@ PROFILES: dict[str, Profile] = {
             layers=32,
             full_every=1,
             kv=PagedDims(8, 128),
-            scale=32,
         ),
         Profile(
             "minimax-m2",
@@ -189,7 +193,6 @@ PROFILES: dict[str, Profile] = {
             layers=62,
             full_every=1,
             kv=PagedDims(8, 128),
-            scale=64,
             paged=(PagedState("dense_kv", "minimax_dense_kv", PagedDims(8, 128)),),
         ),
     )
@@ -213,12 +216,19 @@ def schema_from_config(cfg: AgentConfig) -> RoleSchema:
     """This rank's schema: the named profile, or the explicit KV + components of ``model``."""
     m = cfg.model
     if m.profile is not None:
-        return profile(m.profile).schema(
+        p = profile(m.profile)
+        if m.layers > p.layers:
+            raise SchemaError(
+                f"model.layers {m.layers}: profile {p.name!r} has {p.layers} layers; "
+                f"set at most {p.layers} (0: all of them)"
+            )
+        return p.schema(
             tp_size=cfg.tp_size,
             tp_rank=cfg.tp_rank,
             page_size=m.page_size,
             pool_pages=m.pool_pages,
             max_requests=m.max_requests,
+            layers=m.layers or None,
             dtype=m.dtype,
         )
     if m.kv_item_len is None or m.kv_item_len <= 0:

@@ -105,7 +105,8 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
         role=role,
         model=ac.ModelConfig(
             name=model.name, profile=model.profile, page_size=model.page_size, dtype=model.dtype,
-            pool_pages=model.pool_pages, max_requests=model.max_requests, kv_item_len=model.kv_item_len,
+            pool_pages=model.pool_pages, max_requests=model.max_requests, layers=model.layers,
+            kv_item_len=model.kv_item_len,
             kv_layers=model.kv_layers, components=list(model.components),
         ),
         prefill=ac.RoleConfig(spec.prefill.replicas, spec.prefill.tensor_parallel_size),

@@ -44,6 +44,7 @@ class Model(_Spec, frozen=True):
     dtype: str = "bfloat16"
     pool_pages: int = 1024
     max_requests: int = 64
+    layers: int = 4
     kv_item_len: int | None = None
     kv_layers: int = 0
 

@@ -58,7 +58,7 @@ def _check_role(owner: Owner, generation: str, role: Role) -> tuple[str, str] | 
     if pools > limit:
         return "PoolsExceedMemory", (
             f"{role}: the transfer pools take {_gib(pools)} of host memory, more than {setting} "
-            f"({_gib(limit)}); raise it or lower model.poolPages / model.maxRequests")
+            f"({_gib(limit)}); raise it or lower model.poolPages / model.maxRequests / model.layers")
     return None
 
 

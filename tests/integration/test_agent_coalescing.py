@@ -43,7 +43,8 @@ def config(profile: str, coalesce_bytes: int) -> AgentConfig:
     )
 
 
-CASES = [("qwen3-next", 4 << 20), ("gpt-oss", 4 << 20), ("qwen3-next", 0)]
+# A Qwen3-Next room carries 3 GDN layers' slots (6.4 MB) and its KV pages; gpt-oss rooms are 1-2 MB.
+CASES = [("qwen3-next", 32 << 20), ("gpt-oss", 4 << 20), ("qwen3-next", 0)]
 
 
 @pytest.mark.parametrize(("profile", "coalesce_bytes"), CASES)
@@ -62,7 +63,7 @@ def test_rooms_started_together_share_a_request_and_every_byte_arrives(profile: 
             assert shared == {"requests": 0, "rooms": 0}
         transport: Any = prefill.transport
         assert not transport._running  # every engine request released
-        # rooms of ~630 KiB with others waiting: their copies ran on the posting thread, beside the
+        # rooms of several MiB with others waiting: their copies ran on the posting thread, beside the
         # worker's next rooms (``overlap``), although each finished before the next was read
         poster = transport._native or transport._poster
         assert poster is not None and poster.posted > 0
@@ -84,7 +85,7 @@ class FailingOncePrefill(InlineFillPrefill):
 
 
 def test_a_bug_posting_rooms_together_fails_those_rooms_not_the_worker():
-    cfg = config("qwen3-next", 4 << 20)
+    cfg = config("qwen3-next", 32 << 20)
     (p_cfg,), (d_cfg,) = loopback_pair(cfg)
     prefill = AgentRuntime(p_cfg, worker_factory=FailingOncePrefill).start()
     decode = AgentRuntime(d_cfg).start()

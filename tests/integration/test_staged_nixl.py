@@ -57,12 +57,12 @@ def test_staged_and_direct_parts_deliver_every_planned_byte() -> None:
         writer = StagedWriter(
             p_tx, peer, HostStager(p_pools.arena, p_staging), SlotPool(SLOTS, SLOT_BYTES, p_staging),
             staging_region=n, landing_region=n, bases=p_pools.bases, sizes=sizes, send=to_decode.append,
-            threshold=5 << 10,
+            threshold=256 << 10,
         )
         landing = StagedLanding(HostStager(d_pools.arena, d_staging), SlotPool(SLOTS, SLOT_BYTES, d_staging),
                                 bases=d_pools.bases, sizes=sizes, send=to_prefill.append)
         direct = writer.route(9, plan)
-        assert set(direct.component.tolist()) == {0}, "mamba slots (5.5 KiB mean) direct, KV pages staged"
+        assert set(direct.component.tolist()) == {0}, "mamba slots (1 MiB mean) direct, KV pages staged"
         transfers = [p_tx.write(peer, direct)]
         deadline = time.monotonic() + 30
         while not writer.done(9) or any(p_tx.poll(t) is TransferState.IN_PROGRESS for t in transfers):

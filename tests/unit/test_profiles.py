@@ -12,11 +12,32 @@ from dataplane.schema.profiles import PROFILES, profile, profile_names, schema_f
 
 @pytest.mark.parametrize("name", profile_names())
 @pytest.mark.parametrize("tp", [1, 2])
-def test_profile_fits_a_demo_pool(name: str, tp: int) -> None:
-    schema = profile(name).schema(tp_size=tp, tp_rank=tp - 1, pool_pages=1024, max_requests=64)
+def test_counts_alone_fit_a_profile_in_a_demo_pool(name: str, tp: int) -> None:
+    """The demo's counts (one layer of each kind, 512 pages, 32 slots) keep every real-size profile
+    within a few hundred MB; the same counts with every layer hold the whole model's layout."""
+    p = profile(name)
+    schema = p.schema(tp_size=tp, tp_rank=tp - 1, pool_pages=512, max_requests=32, layers=p.pattern_layers)
+    assert {c.name for c in schema.components} == {c.name for c in p.schema().components}
     total = sum(r.size for r in schema.regions())
     assert 10 << 20 < total < 400 << 20
     assert schema.model == name and schema.tp_rank == tp - 1
+    full = profile(name).schema(tp_size=tp, pool_pages=512, max_requests=32)
+    assert full.kv.item_len == schema.kv.item_len and len(full.kv.layer_ids) > len(schema.kv.layer_ids)
+
+
+@pytest.mark.parametrize(
+    ("name", "kv_bytes_per_token"),
+    [
+        ("qwen3-next", 2 * 256 * 2),
+        ("deepseek-v3.2", (512 + 64) * 2),
+        ("gpt-oss", 8 * 64 * 2),
+        ("pure-kv", 8 * 128 * 2),
+        ("minimax-m2", 8 * 128 * 2),
+    ],
+)
+def test_kv_is_the_models_real_size_per_token(name: str, kv_bytes_per_token: int) -> None:
+    """Head counts and head dims of the public model configs, bfloat16: no divisor anywhere."""
+    assert profile(name).schema(page_size=16, layers=1).kv.item_len == 16 * kv_bytes_per_token
 
 
 def test_every_send_rule_has_a_profile() -> None:
@@ -54,11 +75,13 @@ def test_gpt_oss_alternates_full_and_swa() -> None:
     assert [t.layer_id for t in swa.tensors][:4] == [0, 0, 2, 2]
 
 
-def test_scale_one_gives_real_sizes_and_layers_cut() -> None:
-    real = profile("qwen3-next").schema(scale=1, layers=4, pool_pages=1)
+def test_real_sizes_with_layers_cut() -> None:
+    real = profile("qwen3-next").schema(layers=4, pool_pages=1)
     assert real.kv.item_len == 64 * 2 * 256 * 2
     assert [t.item_len for t in real.components[0].tensors[:2]] == [8192 * 3 * 2, 32 * 128 * 128 * 4]
     assert real.kv.layer_ids == (3, 3)
+    dsa = profile("deepseek-v3.2").schema(layers=2).components[0]
+    assert [t.item_len for t in dsa.tensors] == [64 * (128 + 4)] * 2
 
 
 @pytest.mark.parametrize(
@@ -67,8 +90,10 @@ def test_scale_one_gives_real_sizes_and_layers_cut() -> None:
         ("qwen3-next", {"tp_size": 32}, "does not divide"),
         ("qwen3-next", {"pool_pages": 0}, "must be > 0"),
         ("pure-kv", {"tp_size": 3}, "power of two"),
+        ("gpt-oss", {"layers": 37}, "'gpt-oss' has 36 layers, not 37: ask for at most that"),
+        ("gpt-oss", {"layers": 0}, "layers, page_size, pool_pages, max_requests must be > 0"),
     ],
-    ids=["tp-over-heads", "no-pages", "tp-not-power-of-two"],
+    ids=["tp-over-heads", "no-pages", "tp-not-power-of-two", "more-layers-than-the-model", "no-layers"],
 )
 def test_profile_schema_rejects(name: str, kwargs: dict, match: str) -> None:
     with pytest.raises(SchemaError, match=match):
@@ -86,7 +111,12 @@ def test_schema_from_config_profile_mode() -> None:
     )
     s = schema_from_config(cfg)
     assert (s.tp_size, s.tp_rank, s.kv.num_pages) == (2, 1, 8)
-    assert s == profile("gpt-oss").schema(tp_size=2, tp_rank=1, pool_pages=8)
+    assert s == profile("gpt-oss").schema(tp_size=2, tp_rank=1, pool_pages=8, layers=4)
+    assert len(s.kv.layer_ids) == 4 and len(s.components[0].tensors) == 4
+    whole = schema_from_config(parse_config("model: {profile: gpt-oss, poolPages: 8, layers: 0}\n"))
+    assert whole == profile("gpt-oss").schema(pool_pages=8) and len(whole.kv.layer_ids) == 36
+    with pytest.raises(SchemaError, match=r"^model.layers 37: profile 'gpt-oss' has 36 layers; set at most"):
+        schema_from_config(parse_config("model: {profile: gpt-oss, layers: 37}\n"))
 
 
 EXPLICIT = "model: {profile: null, name: m, kvItemLen: 4096, kvLayers: 2, poolPages: 16, components: [%s]}"

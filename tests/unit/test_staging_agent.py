@@ -86,7 +86,7 @@ def test_a_failed_post_fails_the_room_and_keeps_other_rooms_going() -> None:
 
     s = sender(p, post, lambda h: True)
     s.submit(pieces(p, 7) + pieces(p, 8))
-    for _ in range(200):
+    for _ in range(4 * len(pieces(p, 8))):  # two slots: a piece per slot per step at worst
         s.step()
         for piece in list(s.landed.values()):
             s.on_ack(StagedAck(piece.room, piece.seq, piece.slot))
