@@ -64,8 +64,8 @@ def _pools(profile: str, pages: int, requests: int, device: str = "cpu") -> int:
 def test_agent_memory_is_its_base_plus_the_host_pools_of_its_rank() -> None:
     model = {"name": "m", "profile": "qwen3-next", "poolPages": 256, "maxRequests": 16}
     agent = _res(model=model)["agent"]
-    assert _pools("qwen3-next", 256, 16) == 194 * MI
-    assert agent["requests"]["memory"] == agent["limits"]["memory"] == "706Mi"  # 512 MiB + 194 MiB
+    assert _pools("qwen3-next", 256, 16) == 136 * MI
+    assert agent["requests"]["memory"] == agent["limits"]["memory"] == "648Mi"  # 512 MiB + 136 MiB
     big = _res(model={**model, "poolPages": 4096})["agent"]["requests"]["memory"]
     assert big == format_bytes(512 * MI + _pools("qwen3-next", 4096, 16))
 
@@ -107,14 +107,14 @@ def test_the_spec_overrides_requests_and_limits() -> None:
 def test_synthetic_sidecar_engine_holds_the_pools_unless_huge_pages_hold_them() -> None:
     model = {"name": "m", "profile": "qwen3-next", "poolPages": 256, "maxRequests": 16}
     plain = _res(model=model, engine={"mode": "sidecar"})
-    assert plain["engine"]["requests"]["memory"] == "706Mi" and plain["engine"]["requests"]["cpu"] == "1"
-    assert plain["agent"]["requests"]["memory"] == "706Mi", "decode's agent may touch the shared pages first"
-    huge = _res(model=model, engine={"mode": "sidecar", "resources": {"hugePages": "194Mi", "cpu": "2"}})
-    assert huge["engine"]["requests"] == {"cpu": "2", "memory": "512Mi", "hugepages-2Mi": "194Mi",
+    assert plain["engine"]["requests"]["memory"] == "648Mi" and plain["engine"]["requests"]["cpu"] == "1"
+    assert plain["agent"]["requests"]["memory"] == "648Mi", "decode's agent may touch the shared pages first"
+    huge = _res(model=model, engine={"mode": "sidecar", "resources": {"hugePages": "136Mi", "cpu": "2"}})
+    assert huge["engine"]["requests"] == {"cpu": "2", "memory": "512Mi", "hugepages-2Mi": "136Mi",
                                           "ephemeral-storage": "256Mi"}
     assert huge["agent"]["requests"]["memory"] == "512Mi"
-    short = _res(model=model, engine={"mode": "sidecar", "resources": {"hugePages": "192Mi", "cpu": "2"}})
-    assert short["engine"]["requests"]["memory"] == "706Mi", "pools that do not all fit stay in shared pages"
+    short = _res(model=model, engine={"mode": "sidecar", "resources": {"hugePages": "134Mi", "cpu": "2"}})
+    assert short["engine"]["requests"]["memory"] == "648Mi", "pools that do not all fit stay in shared pages"
 
 
 def test_a_named_engine_gets_only_what_the_spec_names() -> None:
