@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from ..errors import SchemaError, WireFormatError
-from ..schema import RoleSchema, state_type
+from ..schema import RoleSchema, canonical_state_type, state_type
 
 MANIFEST_MAGIC = b"PDPM"
 MANIFEST_VERSION = 1
@@ -39,6 +39,7 @@ class KVSummary(msgspec.Struct, frozen=True):
 class ComponentSummary(msgspec.Struct, frozen=True):
     name: Name
     state_type: Name
+    """Stored under its current name: sglang's older ``nsa`` arrives as ``dsa``."""
     dtype: Name
     item_lens: tuple[Positive, ...]
     tp_dims: tuple[NonNeg, ...]
@@ -50,6 +51,9 @@ class ComponentSummary(msgspec.Struct, frozen=True):
     """Per tensor, the leading blocks outside the split dimension (empty: 1 each)."""
     conv_shard_groups: tuple[tuple[Positive, ...], ...] = ()
     """Per tensor, GDN conv state's sub-block sizes split by TP separately (empty: a plain split)."""
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "state_type", canonical_state_type(self.state_type))
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
