@@ -209,6 +209,9 @@ class SyntheticConfig(_Base, frozen=True):
     verify: bool = True
     """Decode checks every received byte against the deterministic fill; false also skips prefill's
     fill (benchmarks measure the transfer alone)."""
+    room_base: Annotated[int, msgspec.Meta(ge=0, le=1 << 62)] | None = None
+    """Decode: the first room id (then one up per request); unset: random. The ranks of one attention
+    group take the same rooms, as an engine's TP ranks serve the same requests (the pod sets it)."""
 
 
 class EngineConfig(_Base, frozen=True):

@@ -108,7 +108,8 @@ class DecodeWorker(RoleWorker):
         self._topology_error = ""
         self._topology_lock = threading.Lock()
         self._seen_topology: Topology | None = None
-        self._room_base = random.getrandbits(40) << 20
+        base = self.cfg.synthetic.room_base
+        self._room_base = random.getrandbits(40) << 20 if base is None else base
         self.made = self.completed = self.succeeded = self.verify_failures = 0
         self._next_request = 0.0
         self._last_tick = 0.0

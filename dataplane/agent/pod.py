@@ -18,12 +18,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
@@ -275,15 +277,26 @@ class PodAgent:
             server.stop()
 
 
+def group_room_bases(cfg: AgentConfig) -> list[int]:
+    """A first room id per attention group of the pod: the ranks of one group serve the same
+    requests (sglang's TP ranks run the same batch), each DP group its own."""
+    return [random.getrandbits(40) << 20 for _ in range(cfg.dp_size)]
+
+
 def start_in_process(
     cfg: AgentConfig, ranks: Sequence[int], *, reporter: ConditionReporter | None = None,
     wrap_transport: Callable[[Any], Any] | None = None,
 ) -> PodAgent:
     """The pod with its own synthetic engine: one runtime per rank, each started and attached."""
     pod = PodAgent(cfg, ranks, reporter=reporter)
+    bases, group = group_room_bases(cfg), cfg.tp_size // cfg.dp_size
     try:
         for rank in ranks:
-            rt = AgentRuntime(cfg.for_rank(rank), reporter=pod.reporter(rank), wrap_transport=wrap_transport)
+            ranked = cfg.for_rank(rank)
+            if cfg.synthetic.room_base is None:
+                syn = msgspec.structs.replace(cfg.synthetic, room_base=bases[rank // group])
+                ranked = msgspec.structs.replace(ranked, synthetic=syn)
+            rt = AgentRuntime(ranked, reporter=pod.reporter(rank), wrap_transport=wrap_transport)
             pod.attach(rank, rt, owned=True)
             rt.start(serve=False)
         return pod.start()
