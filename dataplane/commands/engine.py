@@ -6,6 +6,9 @@ rooms through the local API: decode originates and verifies requests, prefill fi
 decode asks for. ``--report FILE`` keeps a JSON summary (counts, per-component verification) fresh
 twice a second; the summary is printed on exit. Exit status 1 when a byte failed verification.
 
+With ``<role>.tpSize`` N > 1 and no ``--tp-rank``, it runs one process per rank (``engine.ranks``),
+each connecting to the agent on its own, as a serving engine's scheduler processes do.
+
 In a pod it is the transfer canary the operator runs when a PDPair names no engine image.
 """
 
@@ -91,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging("plain", args.log_level)
     cfg = load(args)
+    if args.tp_rank is None and cfg.tp_size > 1:  # one process per rank, as a serving engine runs
+        from ..engine.ranks import rank_commands, run_ranks
+
+        return run_ranks(rank_commands(cfg, args.argv, args.report, args.room_base))
     syn = cfg.synthetic
     tokens = args.tokens or syn.tokens
     engine = SyntheticEngineProcess(

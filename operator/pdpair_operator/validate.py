@@ -59,7 +59,9 @@ def _pool_memory(spec: PDPairSpec, role: Role) -> tuple[str, list[str]]:
 def _check_role(owner: Owner, generation: str, role: Role) -> tuple[str, str] | None:
     rendered = dump_config(render.agent_config_for(owner, generation, role))
     try:
-        schema = schema_from_config(parse_config(rendered, source=f"the {role} agent's config"))
+        cfg = parse_config(rendered, source=f"the {role} agent's config")
+        cfg.check_ranks()
+        schema = schema_from_config(cfg.attention_view())
     except BadInput as exc:
         return "AgentConfigRejected", f"{role}: {exc}"
     spec = owner.spec
@@ -73,12 +75,16 @@ def _check_role(owner: Owner, generation: str, role: Role) -> tuple[str, str] | 
     except BadQuantity as exc:
         return "BadQuantity", (
             f"{role}: {setting}: {str(exc)!r} is not a Kubernetes quantity (for example 64Gi)")
-    pools = sum(region.size for region in schema.regions())
+    pools = sum(region.size for region in schema.regions()) * cfg.tp_size  # every rank's, in the one pod
     if pools > limit:
         return "PoolsExceedMemory", (
-            f"{role}: the transfer pools take {_gib(pools)} of host memory, more than {setting} "
-            f"({_gib(limit)}); raise it or lower model.poolPages / model.maxRequests")
+            f"{role}: the transfer pools{_of_ranks(cfg.tp_size)} take {_gib(pools)} of host memory, "
+            f"more than {setting} ({_gib(limit)}); raise it or lower model.poolPages / model.maxRequests")
     return None
+
+
+def _of_ranks(n: int) -> str:
+    return f" of its {n} ranks" if n > 1 else ""
 
 
 _CHECKED: dict[bytes, tuple[str, str] | None] = {}

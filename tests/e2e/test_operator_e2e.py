@@ -57,6 +57,11 @@ def children(cluster: Cluster, ns: str, name: str) -> dict[str, list[dict[str, A
 # ---- the CRD ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("patch", "message"), [
     ({"prefill": {"tensorParallelSize": 3}}, "tensorParallelSize must be a power of two"),
+    ({"decode": {"replicas": 1, "dataParallelSize": 3}}, "dataParallelSize must be a power of two"),
+    ({"decode": {"replicas": 1, "tensorParallelSize": 2, "dataParallelSize": 4}},
+     "tensorParallelSize must be divisible by dataParallelSize"),
+    ({"prefill": {"replicas": 1, "tensorParallelSize": 2, "dataParallelSize": 2}},
+     "prefill.dataParallelSize must be 1"),
     ({"model": {"name": "m", "profile": "pure-kv", "kvItemLen": 4,
                 "components": [{"name": "c", "stateType": "swa", "itemLens": [4], "numItems": 2}]}},
      "set exactly one of model.profile or model.components"),
