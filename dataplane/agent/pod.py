@@ -23,6 +23,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -285,9 +286,10 @@ def group_room_bases(cfg: AgentConfig) -> list[int]:
 
 def start_in_process(
     cfg: AgentConfig, ranks: Sequence[int], *, reporter: ConditionReporter | None = None,
-    wrap_transport: Callable[[Any], Any] | None = None,
+    wrap_transport: Callable[[Any], Any] | None = None, transport_sdk: ModuleType | None = None,
 ) -> PodAgent:
-    """The pod with its own synthetic engine: one runtime per rank, each started and attached."""
+    """The pod with its own synthetic engine: one runtime per rank, each started and attached
+    (``transport_sdk``: as ``AgentRuntime``'s, e.g. the MoRI hardware test double)."""
     pod = PodAgent(cfg, ranks, reporter=reporter)
     bases, group = group_room_bases(cfg), cfg.tp_size // cfg.dp_size
     try:
@@ -296,7 +298,9 @@ def start_in_process(
             if cfg.synthetic.room_base is None:
                 syn = msgspec.structs.replace(cfg.synthetic, room_base=bases[rank // group])
                 ranked = msgspec.structs.replace(ranked, synthetic=syn)
-            rt = AgentRuntime(ranked, reporter=pod.reporter(rank), wrap_transport=wrap_transport)
+            rt = AgentRuntime(
+                ranked, reporter=pod.reporter(rank), wrap_transport=wrap_transport, transport_sdk=transport_sdk
+            )
             pod.attach(rank, rt, owned=True)
             rt.start(serve=False)
         return pod.start()
