@@ -290,7 +290,7 @@ def start_in_process(
 ) -> PodAgent:
     """The pod with its own synthetic engine: one runtime per rank, each started and attached
     (``transport_sdk``: as ``AgentRuntime``'s, e.g. the MoRI hardware test double)."""
-    pod = PodAgent(cfg, ranks, reporter=reporter)
+    pod = PodAgent(cfg, ranks, reporter=reporter).start()  # the pod's ports first: a taken one stops here
     bases, group = group_room_bases(cfg), cfg.tp_size // cfg.dp_size
     try:
         for rank in ranks:
@@ -303,7 +303,7 @@ def start_in_process(
             )
             pod.attach(rank, rt, owned=True)
             rt.start(serve=False)
-        return pod.start()
+        return pod
     except BaseException:
         pod.stop()
         raise

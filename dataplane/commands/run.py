@@ -122,16 +122,18 @@ def pod_reporter(cfg: Any) -> Any:
 
 def cannot_listen(cfg: Any, reason: str) -> str:
     """A listener could not bind: the address and the ports that were asked for, and the fix."""
-    listen = cfg.listen
+    listen, last = cfg.listen, cfg.tp_size - 1
     ports = ", ".join(
-        f"{name} {port}"
-        for name, port in (("bootstrap", listen.bootstrap_port), ("metrics", listen.metrics_port),
-                           ("control", listen.control_port), ("lane", listen.lane_port))
+        f"{name} {port}" + (f"-{port + last}" if last and ranked else "")
+        for name, port, ranked in (("bootstrap", listen.bootstrap_port, False),
+                                   ("metrics", listen.metrics_port, False),
+                                   ("control", listen.control_port, True), ("lane", listen.lane_port, True))
         if port
     )
     return (
         f"listen.host {listen.host} (--listen-host), ports {ports or 'any'}: cannot listen ({reason}); "
-        "give an address of this host and ports no other process holds (0: any free port)"
+        "give an address of this host and ports no other process holds (0: any free port; "
+        "rank r listens on control + r and lane + r)"
     )
 
 

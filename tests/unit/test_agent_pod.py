@@ -89,3 +89,25 @@ def test_fixed_ports_move_up_by_the_rank():
         (8999, 9100, 9400), (9000, 9101, 9400), (9001, 9102, 9400)]
     free = msgspec.structs.replace(cfg, listen=ListenConfig(control_port=0, lane_port=0))
     assert free.for_rank(2).listen.control_port == 0
+
+
+@pytest.mark.parametrize(("role", "tp", "dp", "match"), [
+    ("decode", 3, 1, "tpSize must be a power of two from 1 to 64"),
+    ("decode", 2, 4, "dpSize must divide tpSize"),
+    ("prefill", 2, 2, "DP attention is served on decode only"),
+])
+def test_rank_sizes_an_agent_cannot_serve_are_named(role, tp, dp, match):
+    from dataplane.config import RoleConfig
+    from dataplane.errors import BadInput
+
+    cfg = AgentConfig(role=role, **{role: RoleConfig(tp_size=tp, dp_size=dp)})
+    with pytest.raises(BadInput, match=match):
+        cfg.check_ranks()
+
+
+def test_dp_attention_gives_each_rank_its_attention_groups_schema_view():
+    from dataplane.config import RoleConfig
+
+    cfg = AgentConfig(role="decode", decode=RoleConfig(tp_size=8, dp_size=4))
+    views = [cfg.for_rank(r).attention_view() for r in range(8)]
+    assert [(v.tp_size, v.tp_rank) for v in views] == [(2, r % 2) for r in range(8)]
