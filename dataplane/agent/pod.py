@@ -21,83 +21,24 @@ import os
 import random
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import msgspec
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
 
 from ..config import AgentConfig
 from .bootstrap import BootstrapRegistry, announce_rank
 from .health import ConditionReporter, public_status
 from .http import AgentHttpServer, Handler, Reply, Request
 from .httpauth import Verifier
-from .metrics import CONTENT_TYPE, AgentMetrics
+from .metrics import CONTENT_TYPE
+from .podhealth import PodConditions, RankedFamilies
 from .runtime import AgentRuntime
 
 log = logging.getLogger("pdpair.agent.pod")
-RANK_LABEL = "tp_rank"
-
-
-class PodConditions:
-    """The ranks' readiness reports → one pod condition, ready only when every rank is."""
-
-    def __init__(self, reporter: ConditionReporter, ranks: Sequence[int]):
-        self.reporter = reporter
-        self._lock = threading.Lock()
-        self._state = {r: (False, "NoEngine", f"rank {r}: not started") for r in ranks}
-        self._ready: bool | None = None
-
-    def for_rank(self, rank: int) -> RankReporter:
-        return RankReporter(self, rank)
-
-    def set(self, rank: int, ready: bool, reason: str, message: str) -> None:
-        with self._lock:
-            self._state[rank] = (ready, reason, f"rank {rank}: {message}")
-            waiting = [s for s in self._state.values() if not s[0]]
-            now = not waiting
-            changed, self._ready = now != self._ready, now
-        if not (changed or reason == "HandshakeRefused"):
-            return
-        why, text = ("Paired", f"every rank paired ({len(self._state)})") if now else waiting[0][1:]
-        try:
-            self.reporter.report(now, why, text)
-        except Exception:
-            log.exception("reporting the pod condition failed")
-
-
-class RankReporter:
-    """What one rank's ``AgentStatus`` reports to (``ConditionReporter``)."""
-
-    def __init__(self, pod: PodConditions, rank: int):
-        self.pod, self.rank = pod, rank
-        sibling = getattr(pod.reporter, "sibling", None)
-        if sibling is not None:  # the pod's other condition (peer refusals), shared by the ranks
-            self.sibling = sibling
-
-    def report(self, ready: bool, reason: str, message: str) -> None:
-        self.pod.set(self.rank, ready, reason, message)
-
-
-class _RankedFamilies:
-    """Every rank's metric families as one collector, each sample labelled with its rank."""
-
-    def __init__(self, metrics: dict[int, AgentMetrics]):
-        self.metrics = metrics
-
-    def collect(self) -> Iterable[Metric]:
-        out: dict[str, Metric] = {}
-        for rank, m in sorted(self.metrics.items()):
-            for fam in m.registry.collect():
-                merged = out.get(fam.name)
-                if merged is None:
-                    merged = out[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-                label = str(rank)
-                merged.samples += [s._replace(labels={**s.labels, RANK_LABEL: label}) for s in fam.samples]
-        return out.values()
 
 
 class PodAgent:
@@ -187,7 +128,7 @@ class PodAgent:
 
     def exposition(self) -> bytes:
         metrics = {r: rt.metrics for r, rt in self.runtimes().items()}
-        return generate_latest(_RankedFamilies(metrics))
+        return generate_latest(RankedFamilies(metrics))
 
     def routes(self) -> dict[tuple[str, str], Handler]:
         def healthz(_: Request) -> Reply:
@@ -298,9 +239,8 @@ def start_in_process(
             if cfg.synthetic.room_base is None:
                 syn = msgspec.structs.replace(cfg.synthetic, room_base=bases[rank // group])
                 ranked = msgspec.structs.replace(ranked, synthetic=syn)
-            rt = AgentRuntime(
-                ranked, reporter=pod.reporter(rank), wrap_transport=wrap_transport, transport_sdk=transport_sdk
-            )
+            rt = AgentRuntime(ranked, reporter=pod.reporter(rank), wrap_transport=wrap_transport,
+                              transport_sdk=transport_sdk)
             pod.attach(rank, rt, owned=True)
             rt.start(serve=False)
         return pod

@@ -281,9 +281,5 @@ class Sidecar:
         with self._lock:
             return self.runtime is None or self.runtime.worker.alive()
 
-    def status(self) -> dict[str, Any]:
-        rt = self.runtime
-        return {"engine": self.engine_id, "attached": rt is not None, "ports": rt.ports if rt else None}
-
 
 __all__ = ["PDPairError", "Sidecar", "configured_schema", "engine_manifest", "manifest_mismatch"]

@@ -10,7 +10,9 @@ with the one prefill rank), a second connection for a connected rank refused, an
 
 from __future__ import annotations
 
+import json
 import urllib.request
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -20,7 +22,7 @@ from dataplane.agent.launch import AgentProcess, loopback_pair
 from dataplane.codec import encode_manifest, manifest_from_schema
 from dataplane.errors import LocalApiError
 from dataplane.localapi import AgentClient
-from dataplane.localapi.launch import SidecarPair, wait_for
+from dataplane.localapi.launch import EngineProcess, SidecarPair, wait_for
 from dataplane.schema.profiles import schema_from_config
 from tests.integration.test_sidecar import assert_verified, config
 
@@ -128,3 +130,23 @@ def test_in_process_pods_tp2_to_tp2_pair_rank_by_rank(tmp_path):
     finally:
         decode.stop()
         prefill.stop()
+
+
+def test_the_synthetic_engine_runs_one_process_per_rank(tmp_path):
+    """``pdpair-agent engine`` without ``--tp-rank`` for a TP 2 role (the operator's sidecar canary):
+    it starts one process per rank, both ranks take the same rooms and verify their parts."""
+    pair = SidecarPair(pod_config(), tmp_path, decode_tp=2)
+    try:
+        pair.start_agent("prefill")
+        pair.start_engine("prefill")
+        pair.start_agent("decode")
+        engine = EngineProcess(pair.cfg["decode"], tmp_path, "decode-ranks")  # no rank named
+        pair.rank_engines["decode-ranks"] = [engine]
+        assert engine.wait(120) == 0, engine.log_tail()
+        reports = [json.loads(Path(f"{engine.report_path}.rank{r}").read_text()) for r in (0, 1)]
+        for report in reports:
+            assert_verified(report, ROOMS, {"kv", "aux", "mamba"})
+        wait_for(lambda: pair.engines["prefill"].count("succeeded") == ROOMS, timeout=30,
+                 what="one room per request on prefill: the decode ranks shared them")
+    finally:
+        pair.stop()
