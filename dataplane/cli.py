@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `engine` starts itself once per rank
     try:
         return int(args.handler(args) or 0)
     except PDPairError as exc:

@@ -108,7 +108,8 @@ class DecodeWorker(RoleWorker):
         self._topology_error = ""
         self._topology_lock = threading.Lock()
         self._seen_topology: Topology | None = None
-        self._room_base = random.getrandbits(40) << 20
+        base = self.cfg.synthetic.room_base
+        self._room_base = random.getrandbits(40) << 20 if base is None else base
         self.made = self.completed = self.succeeded = self.verify_failures = 0
         self._next_request = 0.0
         self._last_tick = 0.0
@@ -139,7 +140,7 @@ class DecodeWorker(RoleWorker):
             dst_state_mem_descs=tuple(state),
             gpu_id=self.cfg.transfer.gpu_id,
             decode_tp_size=sch.tp_size,
-            decode_tp_rank=sch.tp_rank,
+            decode_tp_rank=self.cfg.tp_rank,  # the engine rank, as sglang sends it (DP attention: >= size)
             dst_kv_item_len=sch.kv.item_len,
             dst_state_item_lens=tuple(tuple(x) for x in sch.state_item_lens),
             dst_state_dim_per_tensor=tuple(tuple(x) for x in sch.state_dim_per_tensor),

@@ -6,6 +6,9 @@ rooms through the local API: decode originates and verifies requests, prefill fi
 decode asks for. ``--report FILE`` keeps a JSON summary (counts, per-component verification) fresh
 twice a second; the summary is printed on exit. Exit status 1 when a byte failed verification.
 
+With ``<role>.tpSize`` N > 1 and no ``--tp-rank``, it runs one process per rank (``engine.ranks``),
+each connecting to the agent on its own, as a serving engine's scheduler processes do.
+
 In a pod it is the transfer canary the operator runs when a PDPair names no engine image.
 """
 
@@ -34,7 +37,11 @@ def register(subparsers: Any) -> None:
     profiles = profile_names()
     p.add_argument("--profile", type=one_of(profiles, "profile"), metavar="PROFILE",
                    help=f"model profile, one of {', '.join(profiles)} (overrides model.profile)")
-    p.add_argument("--tp-rank", type=integer(0, 1023), help="this engine's TP rank (overrides tpRank)")
+    p.add_argument("--tp-rank", type=integer(0, 63),
+                   help="this engine process's TP rank (default 0); the agent serves each rank on one socket")
+    p.add_argument("--tp-size", type=integer(1, 64), help="the engine's TP size (overrides <role>.tpSize)")
+    p.add_argument("--dp-size", type=integer(1, 64),
+                   help="the engine's DP size, DP attention (overrides <role>.dpSize)")
     p.add_argument("--requests", type=integer(0, 1 << 40),
                    help="stop after this many; 0: until stopped (default: synthetic.requests)")
     p.add_argument("--tokens", type=listed(integer(0, 1 << 20), "token lengths"),
@@ -67,7 +74,15 @@ def load(args: argparse.Namespace) -> Any:
     cfg = load_config(args.config) if args.config else AgentConfig()
     model = cfg.model if args.profile is None else msgspec.structs.replace(cfg.model, profile=args.profile)
     tp_rank = cfg.tp_rank if args.tp_rank is None else args.tp_rank
-    cfg = msgspec.structs.replace(cfg, role=args.role, model=model, tp_rank=tp_rank)
+    field = "prefill" if args.role == "prefill" else "decode"
+    role = getattr(cfg, field)
+    role = msgspec.structs.replace(
+        role,
+        tp_size=role.tp_size if args.tp_size is None else args.tp_size,
+        dp_size=role.dp_size if args.dp_size is None else args.dp_size,
+    )
+    cfg = msgspec.structs.replace(cfg, role=args.role, model=model, tp_rank=tp_rank, **{field: role})
+    cfg.check_ranks()
     if args.huge_pages is None:
         return cfg
     return cfg.with_engine(huge_pages=args.huge_pages)
@@ -79,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging("plain", args.log_level)
     cfg = load(args)
+    if args.tp_rank is None and cfg.tp_size > 1:  # one process per rank, as a serving engine runs
+        from ..engine.ranks import rank_commands, run_ranks
+
+        return run_ranks(rank_commands(cfg, args.argv, args.report, args.room_base))
     syn = cfg.synthetic
     tokens = args.tokens or syn.tokens
     engine = SyntheticEngineProcess(

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from ..agent.launch import AgentProcess, loopback_pair, stop_process, tail
+from ..agent.pod import group_room_bases
 from ..compiled import child as compiled_child
 from ..config import AgentConfig
 from ..errors import PDPairError
@@ -83,13 +84,16 @@ class EngineProcess:
 
 
 class SidecarPair:
-    """A prefill and a decode pod, each = sidecar agent + synthetic engine, on loopback."""
+    """A prefill and a decode pod, each = one sidecar agent + one synthetic engine process per TP
+    rank (``prefill_tp``, ``decode_tp``; ``decode_dp``: DP attention on decode), on loopback."""
 
     def __init__(self, base: AgentConfig, workdir: Path, decode_args: Sequence[str] = (),
-                 prefill_args: Sequence[str] = (), *, engine_schema: bool = False):
+                 prefill_args: Sequence[str] = (), *, engine_schema: bool = False,
+                 prefill_tp: int = 1, decode_tp: int = 1, decode_dp: int = 1):
         """``engine_schema``: the agents' configs name no model layout, so they adopt the engines'."""
         self.workdir = workdir
-        (p, ), (d, ) = loopback_pair(base)
+        base = msgspec.structs.replace(base, decode=msgspec.structs.replace(base.decode, dp_size=decode_dp))
+        (p, *_), (d, *_) = loopback_pair(base, prefill_tp=prefill_tp, decode_tp=decode_tp)
         self.cfg = {
             "prefill": external(p, workdir / "prefill.sock"),
             "decode": external(d, workdir / "decode.sock"),
@@ -98,15 +102,29 @@ class SidecarPair:
         self.args = {"prefill": list(prefill_args), "decode": list(decode_args)}
         self.agents: dict[str, AgentProcess] = {}
         self.engines: dict[str, EngineProcess] = {}
+        """Each role's rank-0 engine."""
+        self.rank_engines: dict[str, list[EngineProcess]] = {}
+        """Each role's engine process per rank."""
 
     def start_agent(self, role: str) -> AgentProcess:
         self.agents[role] = AgentProcess(self.agent_cfg[role], self.workdir, f"{role}-agent")
         return self.agents[role]
 
     def start_engine(self, role: str, args: Sequence[str] | None = None) -> EngineProcess:
+        """The role's engine: one process per rank; returns rank 0's."""
         extra = self.args[role] if args is None else list(args)
-        self.engines[role] = EngineProcess(self.cfg[role], self.workdir, f"{role}-engine", extra)
-        return self.engines[role]
+        cfg = self.cfg[role]
+        bases, group = group_room_bases(cfg), cfg.tp_size // cfg.dp_size
+        procs = []
+        for rank in range(cfg.tp_size):
+            tag = f"{role}-engine" if rank == 0 else f"{role}-engine-{rank}"
+            ranked = ["--tp-rank", str(rank), "--tp-size", str(cfg.tp_size), "--dp-size", str(cfg.dp_size)]
+            if role == "decode" and "--room-base" not in extra:  # a group's ranks: the same rooms
+                ranked += ["--room-base", str(bases[rank // group])]
+            procs.append(EngineProcess(cfg, self.workdir, tag, [*ranked, *extra]))
+        self.rank_engines[role] = procs
+        self.engines[role] = procs[0]
+        return procs[0]
 
     def start(self, timeout: float = 60.0) -> SidecarPair:
         for role in ("prefill", "decode"):
@@ -117,8 +135,9 @@ class SidecarPair:
         return self
 
     def stop(self) -> None:
-        for engine in self.engines.values():
-            engine.stop()
+        for engines in self.rank_engines.values():
+            for engine in engines:
+                engine.stop()
         for agent in self.agents.values():
             agent.stop()
 

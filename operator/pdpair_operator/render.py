@@ -65,11 +65,15 @@ def build_pairing_secret(owner: Owner, key: bytes) -> dict[str, Any]:
 
 def build_network_policy(owner: Owner, scraper: dict[str, Any]) -> dict[str, Any]:
     """Default-deny ingress for the PDPair's pods: its own pods reach the bootstrap, control, lane and
-    transfer ports, ``scraper`` (a NetworkPolicyPeer) the metrics port, nothing else reaches anything.
+    transfer ports (control and lane: one per rank, ``port .. port + TP - 1``), ``scraper`` (a
+    NetworkPolicyPeer) the metrics port, nothing else reaches anything.
     Egress is left open (the agents reach their peers, DNS and the API server)."""
-    ports = owner.spec.ports
+    ports, ranks = owner.spec.ports, owner.spec.max_tensor_parallel_size()
     peers = [{"podSelector": {"matchLabels": naming.pod_selector(owner.name)}}]
-    tcp = [{"protocol": "TCP", "port": p} for p in (ports.bootstrap, ports.control, ports.lane)]
+    tcp: list[dict[str, Any]] = [{"protocol": "TCP", "port": ports.bootstrap}]
+    for first in (ports.control, ports.lane):  # rank r listens on port + r
+        span = {"endPort": first + ranks - 1} if ranks > 1 else {}
+        tcp.append({"protocol": "TCP", "port": first, **span})
     tcp.append({"protocol": "TCP", "port": ports.transfer.first, "endPort": ports.transfer.last})
     return _finish(owner, {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -109,8 +113,10 @@ def agent_config_for(owner: Owner, generation: str, role: Role) -> agent_config.
             kv_item_len=model.kv_item_len,
             kv_layers=model.kv_layers, components=list(model.components),
         ),
-        prefill=ac.RoleConfig(spec.prefill.replicas, spec.prefill.tensor_parallel_size),
-        decode=ac.RoleConfig(spec.decode.replicas, spec.decode.tensor_parallel_size),
+        prefill=ac.RoleConfig(spec.prefill.replicas, spec.prefill.tensor_parallel_size,
+                              spec.prefill.data_parallel_size),
+        decode=ac.RoleConfig(spec.decode.replicas, spec.decode.tensor_parallel_size,
+                             spec.decode.data_parallel_size),
         transfer=ac.TransferConfig(
             backend=spec.transfer.backend,
             timeout_seconds=spec.transfer.timeout_seconds,
@@ -199,7 +205,6 @@ def agent_command(role: Role) -> list[str]:
         "pdpair-agent", "run", "--role", role,
         "--config", f"{naming.CONFIG_DIR}/{naming.CONFIG_FILE}",
         "--listen-host", "$(POD_IP)", "--pod-name", "$(POD_NAME)", "--namespace", "$(POD_NAMESPACE)",
-        "--tp-rank", "0",
     ]
 
 

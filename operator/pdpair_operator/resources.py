@@ -73,10 +73,12 @@ def pool_config(spec: PDPairSpec, role: Role) -> AgentConfig:
         model=ModelConfig(name=m.name, profile=m.profile, page_size=m.page_size, dtype=m.dtype,
                           pool_pages=m.pool_pages, max_requests=m.max_requests, kv_item_len=m.kv_item_len,
                           kv_layers=m.kv_layers, components=list(m.components)),
-        prefill=RoleConfig(spec.prefill.replicas, spec.prefill.tensor_parallel_size),
-        decode=RoleConfig(spec.decode.replicas, spec.decode.tensor_parallel_size),
+        prefill=RoleConfig(spec.prefill.replicas, spec.prefill.tensor_parallel_size,
+                           spec.prefill.data_parallel_size),
+        decode=RoleConfig(spec.decode.replicas, spec.decode.tensor_parallel_size,
+                          spec.decode.data_parallel_size),
         transfer=TransferConfig(backend=t.backend, device=t.device, mori=t.mori, nixl=t.nixl),
-    )
+    ).attention_view()
 
 
 def _regions(cfg: AgentConfig) -> list[int]:
@@ -102,13 +104,16 @@ def _host_staging_bytes(cfg: AgentConfig) -> int:
 
 
 def _pools_in_huge_pages(spec: PDPairSpec, cfg: AgentConfig) -> bool:
-    """The sidecar engine takes its pools from huge pages only where all of them fit."""
+    """The sidecar engine takes its pools from huge pages only where all of them fit (every rank's)."""
     huge = spec.engine.resources.huge_pages
-    return bool(huge) and quantity_bytes(huge or "0") >= host_pool_bytes(cfg)
+    ranks = cfg.prefill.tp_size if cfg.role == "prefill" else cfg.decode.tp_size
+    return bool(huge) and quantity_bytes(huge or "0") >= host_pool_bytes(cfg) * ranks
 
 
 def agent_memory_bytes(spec: PDPairSpec, role: Role) -> int:
+    """One agent serves every rank of its pod: its base once, each rank's pools and staging."""
     cfg = pool_config(spec, role)
+    ranks = spec.role(role).tensor_parallel_size
     if spec.layout_from_engine:
         pools = 0  # the engine's own pools: it allocates and faults them in, so its container pays
     else:
@@ -116,11 +121,15 @@ def agent_memory_bytes(spec: PDPairSpec, role: Role) -> int:
         if spec.engine.sidecar and _pools_in_huge_pages(spec, cfg):
             pools = 0
     cuda = CUDA_HOST_MEMORY if cfg.transfer.device == "cuda" else 0
-    return _ceil(AGENT_BASE_MEMORY + pools + _host_staging_bytes(cfg) + cuda, MI)
+    return _ceil(AGENT_BASE_MEMORY + ranks * (pools + _host_staging_bytes(cfg)) + cuda, MI)
 
 
 def agent_cores(spec: PDPairSpec, role: Role) -> int:
-    """Threads of the agent that run busy while rooms move."""
+    """Threads of the agent that run busy while rooms move: each rank of the pod has its own."""
+    return spec.role(role).tensor_parallel_size * _rank_cores(spec, role)
+
+
+def _rank_cores(spec: PDPairSpec, role: Role) -> int:
     t = spec.transfer
     cores = 1  # the role worker
     if t.backend == "mori":
@@ -190,10 +199,12 @@ def engine_resources(spec: PDPairSpec, role: Role) -> dict[str, Any]:
     if spec.engine.image:
         return _requirements(res.cpu, res.memory, res.cpu_limit, res.memory_limit, huge)
     cfg = pool_config(spec, role)
+    ranks = spec.role(role).tensor_parallel_size  # the synthetic engine runs one process per rank
     pools = 0 if _pools_in_huge_pages(spec, cfg) else host_pool_bytes(cfg)
-    cpu = res.cpu or _derived_cpu(1, res.cpu_limit)
+    cpu = res.cpu or _derived_cpu(ranks, res.cpu_limit)
     cuda = CUDA_HOST_MEMORY if cfg.transfer.device == "cuda" else 0
-    memory = res.memory or _derived_memory(_ceil(ENGINE_BASE_MEMORY + pools + cuda, MI), res.memory_limit)
+    memory = res.memory or _derived_memory(
+        _ceil(ranks * (ENGINE_BASE_MEMORY + pools + cuda), MI), res.memory_limit)
     return merge(_requirements(cpu, memory, res.cpu_limit, res.memory_limit, huge), _ephemeral())
 
 

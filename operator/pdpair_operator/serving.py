@@ -32,12 +32,15 @@ SHM_DIR = "/dev/shm"
 
 
 def sglang_args(spec: PDPairSpec, sglang: Sglang, role: Role) -> list[str]:
-    """``sglang.launch_server``'s arguments for one role: the model, the role's TP (and DP attention)
-    sizes, the disaggregation mode with PDPair's backend, and on prefill the bootstrap port the router
-    hands to decode (the agent serves it: the plugin's bootstrap server does not bind it)."""
+    """``sglang.launch_server``'s arguments for one role: the model, the role's TP (and, with
+    ``dataParallelSize``, DP attention) sizes, the disaggregation mode with PDPair's backend, and on
+    prefill the bootstrap port the router hands to decode (the agent serves it: the plugin's bootstrap
+    server does not bind it)."""
     rs = spec.role(role)
     args = ["--model-path", sglang.model_path, "--host", "0.0.0.0", "--port", str(sglang.port),
             "--tp-size", str(rs.tensor_parallel_size),
+            *(["--dp-size", str(rs.data_parallel_size), "--enable-dp-attention"]
+              if rs.data_parallel_size > 1 else []),
             "--disaggregation-mode", role, "--disaggregation-transfer-backend", TRANSFER_BACKEND]
     if role == "prefill":
         args += ["--disaggregation-bootstrap-port", str(spec.ports.bootstrap)]

@@ -112,6 +112,9 @@ class EnvVar(_Spec, frozen=True):
 class RoleSpec(_Spec, frozen=True):
     replicas: int = 1
     tensor_parallel_size: int = 1
+    """The engine's TP ranks per pod, all served by the pod's agent (rank r: control + r, lane + r)."""
+    data_parallel_size: int = 1
+    """DP attention (decode): each rank's attention group is ``tensor_parallel_size / this`` wide."""
     resources: Resources = Resources()
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
@@ -138,7 +141,7 @@ class Ports(_Spec, frozen=True):
     bootstrap: int = 8998
     metrics: int = 9400
     control: int = 8999
-    lane: int = 9000
+    lane: int = 9100
     transfer: TransferPorts = TransferPorts()
 
 
@@ -247,6 +250,10 @@ class PDPairSpec(_Spec, frozen=True):
     def serves(self) -> bool:
         """An sglang pair with its router: the PDPair serves requests, not only the canary."""
         return self.engine.sglang is not None and self.router.enabled
+
+    def max_tensor_parallel_size(self) -> int:
+        """The most ranks one pod's agent serves, so the most control and lane ports it listens on."""
+        return max(self.prefill.tensor_parallel_size, self.decode.tensor_parallel_size)
 
 
 class SpecError(ValueError):

@@ -39,9 +39,10 @@ def _check_role(owner: Owner, generation: str, role: Role) -> tuple[str, str] | 
     spec = owner.spec
     try:
         cfg = parse_config(rendered, source=f"the {role} agent's config")
+        cfg.check_ranks()
         if spec.layout_from_engine:
             return None  # the engine's registration is checked by its agent, rank by rank
-        schema = schema_from_config(cfg)
+        schema = schema_from_config(cfg.attention_view())
     except BadInput as exc:
         return "AgentConfigRejected", f"{role}: {exc}"
     if spec.transfer.device != "cpu":
@@ -54,12 +55,17 @@ def _check_role(owner: Owner, generation: str, role: Role) -> tuple[str, str] | 
     except BadQuantity as exc:
         return "BadQuantity", (
             f"{role}: {setting}: {str(exc)!r} is not a Kubernetes quantity (for example 64Gi)")
-    pools = sum(region.size for region in schema.regions())
+    pools = sum(region.size for region in schema.regions()) * cfg.tp_size  # every rank's, in the one pod
     if pools > limit:
         return "PoolsExceedMemory", (
-            f"{role}: the transfer pools take {_gib(pools)} of host memory, more than {setting} "
-            f"({_gib(limit)}); raise it or lower model.poolPages / model.maxRequests / model.layers")
+            f"{role}: the transfer pools{_of_ranks(cfg.tp_size)} take {_gib(pools)} of host memory, "
+            f"more than {setting} ({_gib(limit)}); raise it or lower model.poolPages / model.maxRequests "
+            "/ model.layers")
     return None
+
+
+def _of_ranks(n: int) -> str:
+    return f" of its {n} ranks" if n > 1 else ""
 
 
 _CHECKED: dict[bytes, tuple[str, str] | None] = {}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,11 @@ def children(cluster: Cluster, ns: str, name: str) -> dict[str, list[dict[str, A
 # ---- the CRD ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("patch", "message"), [
     ({"prefill": {"tensorParallelSize": 3}}, "tensorParallelSize must be a power of two"),
+    ({"decode": {"replicas": 1, "dataParallelSize": 3}}, "dataParallelSize must be a power of two"),
+    ({"decode": {"replicas": 1, "tensorParallelSize": 2, "dataParallelSize": 4}},
+     "tensorParallelSize must be divisible by dataParallelSize"),
+    ({"prefill": {"replicas": 1, "tensorParallelSize": 2, "dataParallelSize": 2}},
+     "prefill.dataParallelSize must be 1"),
     ({"model": {"name": "m", "profile": "pure-kv", "kvItemLen": 4,
                 "components": [{"name": "c", "stateType": "swa", "itemLens": [4], "numItems": 2}]}},
      "set exactly one of model.profile or model.components"),
@@ -372,8 +379,9 @@ def _by_role(cluster: Cluster, ns: str, name: str, role: str) -> dict[str, Any]:
                 and not p["metadata"].get("deletionTimestamp"))
 
 
-def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Cluster, ns: str,
-                                                                  tmp_path: Path) -> None:
+@contextmanager
+def _real_agents(cluster: Cluster, ns: str, tmp_path: Path, manifest: str) -> Iterator[Any]:
+    """The PDPair ``manifest`` applied and its pods' ``pdpair-agent`` run for real (``PodRunner``)."""
     import ipaddress
     import sys
     import threading
@@ -386,7 +394,7 @@ def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Clust
     hosts.write_text("{}")
     shim = [sys.executable, str(Path(__file__).with_name("agent_shim.py")), str(hosts), "--",
             str(REPO / ".venv" / "bin" / "pdpair-agent")]
-    cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "pure-kv-nixl.yaml"))
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifest)
     stop = threading.Event()
     with PodRunner(cluster, ns, {"pdpair-agent": shim}, selector="pdpair.io/name=pure-kv",
                    extra_env={"KUBECONFIG": str(cluster.kubeconfig)}, workdir=tmp_path / "pods") as runner:
@@ -401,12 +409,32 @@ def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Clust
 
         threading.Thread(target=publish, daemon=True).start()
         try:
-            _handshake_and_transfer(cluster, runner, ns)
-            _incompatible_decode_is_refused(cluster, runner, ns)
+            yield runner
         finally:
             stop.set()
             for pod in list(runner.pods.values()):
                 assert ipaddress.ip_address(pod.address).is_loopback, pod.address
+
+
+def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Cluster, ns: str,
+                                                                  tmp_path: Path) -> None:
+    manifest = (EXAMPLES / "pure-kv-nixl.yaml").read_text()
+    with _real_agents(cluster, ns, tmp_path, manifest) as runner:
+        _handshake_and_transfer(cluster, runner, ns)
+        _incompatible_decode_is_refused(cluster, runner, ns)
+
+
+def test_real_agents_serve_every_rank_of_tp_2_pods(cluster: Cluster, ns: str, tmp_path: Path) -> None:
+    """One agent per pod serves each rank: prefill TP 2 and decode TP 2 pods pair rank by rank, the
+    pods turn ready only once every rank has, and the canary moves bytes on both decode ranks."""
+    doc = yaml.safe_load((EXAMPLES / "pure-kv-nixl.yaml").read_text())
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["tensorParallelSize"] = 2
+    with _real_agents(cluster, ns, tmp_path, yaml.safe_dump(doc)) as runner:
+        _handshake_and_transfer(cluster, runner, ns)
+        decode = runner.address(_by_role(cluster, ns, "pure-kv", "decode")["metadata"]["name"])
+        ranks = _agent_status(decode)["ranks"]
+        assert sorted(ranks) == ["0", "1"] and all(r["ready"] for r in ranks.values()), ranks
 
 
 def _handshake_and_transfer(cluster: Cluster, runner: Any, ns: str) -> None:

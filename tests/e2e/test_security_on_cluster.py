@@ -107,6 +107,12 @@ def test_network_policy_is_accepted_and_follows_the_spec(cluster: Cluster, ns: s
 
 @pytest.mark.parametrize(("patch", "message"), [
     ({"ports": {"control": 9400}}, "ports.bootstrap, metrics, control and lane must all differ"),
+    ({"ports": {"control": 9000, "lane": 9001}, "prefill": {"replicas": 1, "tensorParallelSize": 2}},
+     "ports.control and ports.lane need one port per rank each"),
+    ({"ports": {"control": 8997}, "decode": {"replicas": 1, "tensorParallelSize": 4}},
+     "ports.bootstrap and ports.metrics must lie outside the ranks' control and lane ports"),
+    ({"ports": {"lane": 19999}, "decode": {"replicas": 1, "tensorParallelSize": 2}},
+     "the ranks' control and lane ports (port + rank) must lie outside ports.transfer"),
     ({"ports": {"transfer": {"first": 21000, "last": 20000}}}, "ports.transfer.first must not exceed"),
     ({"ports": {"lane": 20500}}, "must lie outside ports.transfer"),
     ({"model": {"name": "m", "kvItemLen": 64, "components": [

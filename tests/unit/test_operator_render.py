@@ -47,7 +47,7 @@ def test_pod_runs_the_agent_with_downward_api_env_probe_and_gate() -> None:
     spec = pod["spec"]
     [container] = spec["containers"]
     assert container["command"][:4] == ["pdpair-agent", "run", "--role", "prefill"]
-    assert "$(POD_IP)" in container["command"] and "--tp-rank" in container["command"]
+    assert "$(POD_IP)" in container["command"] and "--tp-rank" not in container["command"]  # every rank
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
     assert env["POD_IP"] == "status.podIP" and env["POD_NAME"] == "metadata.name"
     assert env["POD_NAMESPACE"] == "metadata.namespace"
@@ -129,3 +129,30 @@ def test_transfer_settings_reach_both_roles_agent_config() -> None:
         assert (cfg.transfer.spin_microseconds, cfg.transfer.heartbeat_misses) == (250, 7)
         assert cfg.transfer.coalesce_bytes == 4096
         assert cfg.listen.lanes
+
+
+def test_each_role_renders_its_engines_tp_and_dp_for_one_agent_per_pod() -> None:
+    """The agent serves every rank of its pod: its config carries the role's TP and DP sizes, and
+    the command names no rank."""
+    owner = make_owner(prefill={"replicas": 1, "tensorParallelSize": 4},
+                       decode={"replicas": 2, "tensorParallelSize": 8, "dataParallelSize": 4})
+    cm = render.build_config_map(owner, "g")
+    for role in ("prefill", "decode"):
+        cfg = parse_config(cm["data"][f"{role}.yaml"])
+        cfg.check_ranks()
+        assert (cfg.prefill.tp_size, cfg.prefill.dp_size) == (4, 1)
+        assert (cfg.decode.tp_size, cfg.decode.dp_size) == (8, 4)
+    decode = parse_config(cm["data"]["decode.yaml"])
+    assert (decode.tp_size, decode.dp_size, decode.attention_view().tp_size) == (8, 4, 2)
+    pod = render.build_pod(owner, "g", "decode", 0)
+    assert "--tp-rank" not in pod["spec"]["containers"][0]["command"]
+
+
+def test_an_invalid_dp_size_is_an_invalid_spec_not_a_crashing_pod() -> None:
+    from pdpair_operator.validate import invalid_reason
+
+    owner = make_owner(decode={"replicas": 1, "tensorParallelSize": 2, "dataParallelSize": 4})
+    reason, message = invalid_reason(owner, "g") or ("", "")
+    assert reason == "AgentConfigRejected" and "dpSize must divide tpSize" in message
+    prefill_dp = make_owner(prefill={"replicas": 1, "tensorParallelSize": 2, "dataParallelSize": 2})
+    assert "DP attention is served on decode only" in (invalid_reason(prefill_dp, "g") or ("", ""))[1]

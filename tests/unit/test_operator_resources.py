@@ -70,6 +70,17 @@ def test_agent_memory_is_its_base_plus_the_host_pools_of_its_rank() -> None:
     assert big == format_bytes(512 * MI + _pools("qwen3-next", 4096, 16))
 
 
+def test_one_agent_serves_every_rank_of_its_pod_so_it_holds_each_ranks_pools_and_threads() -> None:
+    model = {"name": "m", "profile": "qwen3-next", "poolPages": 256, "maxRequests": 16}
+    one = _res(model=model)["agent"]["requests"]
+    two = _res(model=model, decode={"replicas": 1, "tensorParallelSize": 2})["agent"]["requests"]
+    spec = parse_spec({"model": model, "image": "i", "decode": {"tensorParallelSize": 2}})
+    per_rank = resources.host_pool_bytes(resources.pool_config(spec, "decode"))  # its share of the heads
+    assert per_rank < _pools("qwen3-next", 256, 16)
+    assert two["memory"] == format_bytes(512 * MI + 2 * per_rank)
+    assert (one["cpu"], two["cpu"]) == ("2", "4")
+
+
 def test_gpu_pools_take_no_host_memory_but_the_cuda_context_does() -> None:
     agent = _res(transfer={"device": "cuda"})["agent"]
     assert agent["requests"]["memory"] == "2560Mi"  # 512 MiB + 2 GiB, the pools are in GPU memory

@@ -114,7 +114,7 @@ def test_agent_config_names_the_mounted_key_and_the_plain_peer_choice(security: 
         cfg = parse_config(cm["data"][f"{role}.yaml"])
         assert cfg.auth.key_file == "/etc/pdpair/pairing/key"
         assert cfg.auth.allow_plain_peers is plain
-        assert (cfg.listen.control_port, cfg.listen.lane_port) == (8999, 9000)
+        assert (cfg.listen.control_port, cfg.listen.lane_port) == (8999, 9100)
 
 
 def test_allowing_plain_peers_is_a_new_generation_but_the_policy_switch_is_not() -> None:
@@ -154,10 +154,10 @@ def test_network_policy_follows_port_changes_and_goes_when_turned_off() -> None:
     step(world, keys)
     world.run()
     step(world, keys)
-    world.spec_change(ports={"lane": 9100})
+    world.spec_change(ports={"lane": 9200})
     [patch] = [p for p in step(world, keys).patches if p.kind == "NetworkPolicy"]
-    assert {"protocol": "TCP", "port": 9100} in patch.body["spec"]["ingress"][0]["ports"]
-    world.spec_change(ports={"lane": 9100}, security={"networkPolicy": False})
+    assert {"protocol": "TCP", "port": 9200} in patch.body["spec"]["ingress"][0]["ports"]
+    world.spec_change(ports={"lane": 9200}, security={"networkPolicy": False})
     result = step(world, keys)
     assert [(d.kind, d.name) for d in result.deletes] == [("NetworkPolicy", "demo-isolation")]
     assert not of_kind(step(world, keys).creates, "NetworkPolicy")
@@ -316,3 +316,14 @@ def test_metrics_scraper_flag_refuses_what_is_not_a_selector_peer(bad: str,
         cli.build_parser().parse_args(["--metrics-scraper", bad])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--metrics-scraper" in err and "Traceback" not in err
+
+
+def test_network_policy_admits_one_control_and_lane_port_per_rank() -> None:
+    owner = make_owner(prefill={"replicas": 1, "tensorParallelSize": 4},
+                       decode={"replicas": 1, "tensorParallelSize": 2})
+    [policy] = of_kind(plan(owner, Observed(), World(owner).now, new_key=Keys()).creates, "NetworkPolicy")
+    peers, _ = policy["spec"]["ingress"]
+    assert {"protocol": "TCP", "port": 8999, "endPort": 9002} in peers["ports"]  # control + rank, 4 ranks
+    assert {"protocol": "TCP", "port": 9100, "endPort": 9103} in peers["ports"]  # lane + rank
+    prefill = parse_config(render.build_config_map(owner, "g")["data"]["prefill.yaml"])
+    assert [prefill.for_rank(r).listen.control_port for r in range(4)] == [8999, 9000, 9001, 9002]
