@@ -32,6 +32,8 @@ MERGE_PATCH = "application/merge-patch+json"
 PATHS = {"Pod": "/api/v1/namespaces/{ns}/pods", "Service": "/api/v1/namespaces/{ns}/services",
          "ConfigMap": "/api/v1/namespaces/{ns}/configmaps", "Event": "/api/v1/namespaces/{ns}/events",
          "Secret": "/api/v1/namespaces/{ns}/secrets",
+         "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+         "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
          "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
          "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"}
 REQUEST_TIMEOUT_SECONDS = 30.0

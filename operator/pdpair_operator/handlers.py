@@ -60,7 +60,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     kube = Kube(load_api_client(pool_size=options.concurrency + 4))
     executor = Executor(kube, concurrency=options.concurrency)
     memo["reconciler"] = Reconciler(executor, metrics, debounce=options.debounce,
-                                    scraper=options.metrics_scraper)
+                                    scraper=options.metrics_scraper, agent_role=options.agent_cluster_role)
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -110,6 +110,19 @@ def pdpair_network_policies(namespace: str | None, labels: kopf.Labels, body: ko
     return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("NetworkPolicy", body)}
 
 
+@kopf.index("v1", "serviceaccounts", labels=CHILD_LABELS)
+def pdpair_service_accounts(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                            **_: Any) -> dict[Key, ChildView]:
+    """The agents' ServiceAccounts (``identity.py``)."""
+    return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("ServiceAccount", body)}
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_LABELS)
+def pdpair_role_bindings(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                         **_: Any) -> dict[Key, ChildView]:
+    return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("RoleBinding", body)}
+
+
 def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
     rec: Reconciler = memo["reconciler"]
     idx = rec.indices
@@ -117,6 +130,8 @@ def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
     idx.services, idx.configmaps = kwargs["pdpair_services"], kwargs["pdpair_configmaps"]
     idx.claim_templates = kwargs["pdpair_claim_templates"]
     idx.secrets, idx.network_policies = kwargs["pdpair_secrets"], kwargs["pdpair_network_policies"]
+    idx.service_accounts = kwargs["pdpair_service_accounts"]
+    idx.role_bindings = kwargs["pdpair_role_bindings"]
     return rec
 
 
@@ -131,5 +146,7 @@ async def pdpair_changed(namespace: str | None, name: str, memo: kopf.Memo, **kw
 @kopf.on.event("resource.k8s.io", "v1", "resourceclaimtemplates", labels=CHILD_LABELS)
 @kopf.on.event("v1", "secrets", labels=CHILD_LABELS)
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILD_LABELS)
+@kopf.on.event("v1", "serviceaccounts", labels=CHILD_LABELS)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_LABELS)
 async def child_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     _reconciler(memo, kwargs).kick((namespace or "", labels[naming.LABEL_NAME]))
