@@ -4,9 +4,10 @@ Role: the pure part of the pod runner. Given the pod (as the API returns it), a
 container, the loopback address standing in for the pod IP, and a lookup for
 ConfigMaps/Secrets, it resolves ``env`` (values, ``$(VAR)`` references,
 downward-API ``fieldRef``/``resourceFieldRef``, ``configMapKeyRef``/``secretKeyRef``),
-``envFrom``, and the ConfigMap/Secret/downwardAPI/projected/emptyDir volumes the
-container mounts (written under a local directory; every mount path appearing in
-command, args, env values or mounted text files is rewritten to that directory).
+``envFrom``, and the ConfigMap/Secret/downwardAPI/projected (ServiceAccount tokens
+from a token source included)/emptyDir volumes the container mounts (written under a
+local directory; every mount path appearing in command, args, env values or mounted
+text files is rewritten to that directory).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 HOST_ADDRESS = "127.0.0.1"
 # kind ("ConfigMap"/"Secret"), namespace, name -> decoded data, or None if absent
 Lookup = Callable[[str, str, str], "dict[str, bytes] | None"]
+# the pod, a projected volume's serviceAccountToken source -> the token (a TokenRequest's answer)
+TokenSource = Callable[[Mapping[str, Any], Mapping[str, Any]], bytes]
 
 
 class PodSpecError(ValueError):
@@ -193,6 +196,7 @@ class _Context:
     container: Mapping[str, Any]
     address: str
     lookup: Lookup
+    token: TokenSource | None = None
 
     @property
     def namespace(self) -> str:
@@ -237,6 +241,10 @@ def _projected_files(source: Mapping[str, Any], ctx: _Context) -> dict[str, byte
             files.update(_object_files("Secret", part["secret"], ctx))
         elif "downwardAPI" in part:
             files.update(_downward_files(part["downwardAPI"], ctx))
+        elif "serviceAccountToken" in part:
+            if ctx.token is None:
+                raise PodSpecError("a serviceAccountToken volume source, but no token source")
+            files[str(part["serviceAccountToken"]["path"])] = ctx.token(ctx.pod, part["serviceAccountToken"])
     return files
 
 
@@ -341,13 +349,15 @@ def resolve_container(
     lookup: Lookup,
     commands: Mapping[str, Sequence[str]],
     volume_root: Path,
+    token: TokenSource | None = None,
 ) -> LocalContainer | None:
-    """Everything needed to run ``container`` locally, or None if no command mapping fits."""
+    """Everything needed to run ``container`` locally, or None if no command mapping fits. ``token``
+    answers projected ``serviceAccountToken`` sources (the kubelet's TokenRequest)."""
     mapped = local_argv(container, commands)
     if mapped is None:
         return None
     prefix, rest = mapped
-    ctx = _Context(pod, container, address, lookup)
+    ctx = _Context(pod, container, address, lookup, token)
     mounts = materialize_volumes(ctx, volume_root)
     env = {k: rewrite_paths(v, mounts) for k, v in container_env(ctx).items()}
     argv = [*prefix, *(rewrite_paths(expand(a, env), mounts) for a in rest)]
