@@ -57,10 +57,9 @@ def crd_files() -> list[Path]:
 
 
 def pdpair(name: str, namespace: str, example: str = "pure-kv-nixl.yaml") -> dict[str, Any]:
-    """One of examples/ (no GPUs requested) renamed, its agents run as the chart's agent ServiceAccount."""
+    """One of examples/ (no GPUs requested) renamed."""
     obj: dict[str, Any] = yaml.safe_load((ROOT / "examples" / example).read_text())
     obj["metadata"] = {"name": name, "namespace": namespace}
-    obj["spec"]["serviceAccountName"] = "pdpair-agent"
     return obj
 
 

@@ -24,6 +24,7 @@ from operator_support import (
     pdpair,
     pdpair_yaml,
     pods,
+    publish_bootstrap_addresses,
     running_operator,
     wait_for,
 )
@@ -334,22 +335,6 @@ def test_unallocatable_claim_surfaces_the_schedulers_reason(cluster: Cluster, ns
 
 
 # ---- real agents through the local pod runner ---------------------------------------------------------
-def _publish_bootstrap_addresses(cluster: Cluster, runner: Any, ns: str, hosts: Path) -> None:
-    """The test's cluster DNS: each bootstrap Service's name → the loopback address the runner gave the
-    Running pod its selector picks, resolved from the API by pod UID (never a cluster IP)."""
-    local = {p.uid: p.address for p in list(runner.pods.values()) if not p.stopped}
-    mapping: dict[str, str] = {}
-    for svc in get(cluster, "services", ns, "-l", "pdpair.io/child=bootstrap")["items"]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(svc["spec"]["selector"].items()))
-        for pod in get(cluster, "pods", ns, "-l", selector)["items"]:
-            uid = pod["metadata"]["uid"]
-            if uid in local and not pod["metadata"].get("deletionTimestamp"):
-                mapping[f"{svc['metadata']['name']}.{ns}.svc"] = local[uid]
-    tmp = hosts.with_suffix(".tmp")
-    tmp.write_text(json.dumps(mapping))
-    tmp.replace(hosts)
-
-
 def _agent_status(address: str, port: int = 9400) -> dict[str, Any]:
     import urllib.request
 
@@ -380,13 +365,13 @@ def test_real_agents_handshake_then_refuse_an_incompatible_schema(cluster: Clust
     cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "pure-kv-nixl.yaml"))
     stop = threading.Event()
     with PodRunner(cluster, ns, {"pdpair-agent": shim}, selector="pdpair.io/name=pure-kv",
-                   extra_env={"KUBECONFIG": str(cluster.kubeconfig)}, workdir=tmp_path / "pods") as runner:
+                   workdir=tmp_path / "pods") as runner:
         runner.watch(interval=0.3)
 
         def publish() -> None:
             while not stop.wait(0.3):
                 try:
-                    _publish_bootstrap_addresses(cluster, runner, ns, hosts)
+                    publish_bootstrap_addresses(cluster, runner, ns, hosts)
                 except Exception as exc:  # a busy API server or a pod mid-start: the next round retries
                     print(f"publishing bootstrap addresses: {exc}", file=sys.stderr)
 
