@@ -19,7 +19,18 @@ import pytest
 import yaml
 
 from devcluster import Cluster
-from tests.chart_support import CHART, ROOT, Operator, find, helm, pdpair, set_args, template, wait_for
+from tests.chart_support import (
+    CHART,
+    ROOT,
+    Operator,
+    find,
+    helm,
+    pdpair,
+    sa_kubeconfig,
+    set_args,
+    template,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -123,17 +134,6 @@ def test_install_upgrade_uninstall_leave_no_orphans(cluster: Cluster, helm_env: 
 
 
 # ---- the operator under the chart's RBAC -------------------------------------------------------
-
-def sa_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig holding only a TokenRequest token for ``account``: the API server authorizes
-    every request by the chart's RBAC (no client certificate, no impersonation rights needed)."""
-    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
-    config = yaml.safe_load(cluster.kubectl("config", "view", "--raw", "--minify", "--flatten").stdout)
-    config["users"] = [{"name": account, "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = account
-    path.write_text(yaml.safe_dump(config))
-    return path
-
 
 @pytest.fixture
 def chart_release(cluster: Cluster, helm_env: dict[str, str]) -> Iterator[tuple[str, str]]:
