@@ -115,6 +115,9 @@ class PodRunner:
         self.extra_env = dict(extra_env or {})
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pdpair-pods-"))
+        self._volumes = Path(tempfile.mkdtemp(prefix="pdv-"))
+        """The pods' emptyDirs, shared by their containers as in a pod, under a short path: a Unix socket
+        in an emptyDir must fit in 108 bytes."""
         self.pods: dict[str, LocalPod] = {}  # by uid
         # A random first /24 block: runners of test sessions running side by side on one machine
         # rarely hand out the same address (agents bind fixed ports on it).
@@ -253,6 +256,7 @@ class PodRunner:
         if self.containers is not None and name not in self.containers:
             pod.skipped.append(name)
             return None
+        (pod.directory / name).mkdir(parents=True, exist_ok=True)
         local = podspec.resolve_container(
             obj,
             container,
@@ -260,7 +264,9 @@ class PodRunner:
             lookup=self._lookup,
             commands=self.commands,
             volume_root=pod.directory / name / "volumes",
+            shared_root=self._volumes / pod.uid[:12],
             token=lambda o, source: self._token(pod, o, source),
+            cwd=pod.directory / name,
         )
         if local is None:
             if self.containers is not None:
@@ -331,6 +337,7 @@ class PodRunner:
                 self._terminate(pod)
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self._volumes, ignore_errors=True)
 
     def __enter__(self) -> PodRunner:
         return self

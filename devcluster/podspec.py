@@ -298,23 +298,29 @@ def _rewrite_text_files(root: Path, mounts: Mapping[str, Path]) -> None:
             path.write_text(new)
 
 
-def materialize_volumes(ctx: _Context, root: Path) -> dict[str, Path]:
-    """Write the container's mounted volumes under ``root``; return mountPath -> local path."""
+def materialize_volumes(ctx: _Context, root: Path, shared: Path | None = None) -> dict[str, Path]:
+    """Write the container's mounted volumes under ``root``; return mountPath -> local path.
+
+    Volumes with files (ConfigMap, Secret, downward API, projected) are the container's own copies, their
+    text rewritten to its mounts; directory volumes (emptyDir and the rest) live under ``shared`` (default
+    ``root``), where the pod's containers share them, as they share an emptyDir in a pod."""
     volumes = {v["name"]: v for v in ctx.pod.get("spec", {}).get("volumes") or []}
     mounts: dict[str, Path] = {}
+    written: list[Path] = []
     for mount in ctx.container.get("volumeMounts") or []:
         volume = volumes.get(mount["name"])
         if volume is None:
             raise PodSpecError(f"volumeMount {mount['name']!r} has no volume")
-        local = root / mount["name"]
-        local.mkdir(parents=True, exist_ok=True)
         files = volume_files(volume, ctx)
+        local = (root if files is not None else shared or root) / mount["name"]
+        local.mkdir(parents=True, exist_ok=True)
         if files is not None:
             _write_files(local, files)
+            written.append(local)
         sub = mount.get("subPath")
         mounts[str(mount["mountPath"])] = local / sub if sub else local
-    for mount in ctx.container.get("volumeMounts") or []:
-        _rewrite_text_files(root / mount["name"], mounts)
+    for local in written:
+        _rewrite_text_files(local, mounts)
     return mounts
 
 
@@ -350,20 +356,25 @@ def resolve_container(
     commands: Mapping[str, Sequence[str]],
     volume_root: Path,
     token: TokenSource | None = None,
+    cwd: Path | None = None,
+    shared_root: Path | None = None,
 ) -> LocalContainer | None:
     """Everything needed to run ``container`` locally, or None if no command mapping fits. ``token``
-    answers projected ``serviceAccountToken`` sources (the kubelet's TokenRequest)."""
+    answers projected ``serviceAccountToken`` sources (the kubelet's TokenRequest); ``cwd``: the
+    directory to run in without a ``workingDir`` (default: ``volume_root``'s parent); ``shared_root``:
+    where the pod's directory volumes live (``materialize_volumes``)."""
     mapped = local_argv(container, commands)
     if mapped is None:
         return None
     prefix, rest = mapped
     ctx = _Context(pod, container, address, lookup, token)
-    mounts = materialize_volumes(ctx, volume_root)
+    mounts = materialize_volumes(ctx, volume_root, shared_root)
     env = {k: rewrite_paths(v, mounts) for k, v in container_env(ctx).items()}
     argv = [*prefix, *(rewrite_paths(expand(a, env), mounts) for a in rest)]
     env["PODRUNNER_MOUNTS"] = json.dumps({k: str(v) for k, v in mounts.items()})
     working = container.get("workingDir")
-    cwd = Path(rewrite_paths(str(working), mounts)) if working else volume_root.parent
-    if not cwd.is_dir():
-        cwd = volume_root.parent
-    return LocalContainer(str(container["name"]), argv, env, cwd, mounts)
+    default = cwd or volume_root.parent
+    run_in = Path(rewrite_paths(str(working), mounts)) if working else default
+    if not run_in.is_dir():
+        run_in = default
+    return LocalContainer(str(container["name"]), argv, env, run_in, mounts)

@@ -47,7 +47,7 @@ def main() -> None:
     if "--host-memory" in options and doc.get("transfer", {}).get("device") == "cuda":
         doc["transfer"]["device"] = "cpu"
     if yaml.safe_dump(doc) != before:
-        local = config.with_name("agent.local.yaml")
+        local = config.with_name(f"agent.local.{os.getpid()}.yaml")  # the pod's containers share the volume
         local.write_text(yaml.safe_dump(doc))
         argv[argv.index("--config") + 1] = str(local)
     os.execv(argv[0], argv)

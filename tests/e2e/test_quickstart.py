@@ -61,6 +61,17 @@ NOT_READY_HERE = {
         "the missing SDK; the PDPair stays READY False."),
 }
 """Examples that cannot turn Ready on this machine: the agents' error line, and why."""
+ONE_AGENT_PER_POD = (
+    "prefill runs at tensorParallelSize 2, and the operator renders one agent per pod (--tp-rank 0), so "
+    "prefill's bootstrap topology never lists rank 1 and decode never pairs (Topology.complete). The "
+    "agent that serves every rank of its pod is another change of issue 31; strict, so this fails once "
+    "it lands and the mark must go.")
+
+
+def examples() -> list[Any]:
+    names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+    mark = pytest.mark.xfail(strict=True, raises=AssertionError, reason=ONE_AGENT_PER_POD)
+    return [pytest.param(n, marks=mark) if n == "qwen3-next-sidecar-dra.yaml" else n for n in names]
 
 
 def quickstart() -> list[list[str]]:
@@ -175,7 +186,7 @@ def audit_users(cluster: Cluster, pods: list[str]) -> dict[str, set[str]]:
     return users
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+@pytest.mark.parametrize("example", examples())
 def test_readme_quickstart(cluster: Cluster, fresh_cluster: None, example: str, tmp_path: Path) -> None:
     name = yaml.safe_load((EXAMPLES / example).read_text())["metadata"]["name"]
     install, apply_example, get = commands_for(example)
@@ -223,7 +234,11 @@ def _check(cluster: Cluster, runner: PodRunner, operator: ChartOperator, get: li
     def diagnostics() -> str:
         logs = "\n".join(f"--- {p.name}/{c}:\n{runner.logs(p.name, c)[-1500:]}"
                          for p in list(runner.pods.values()) for c in p.processes)
-        return f"operator log:\n{operator.log.read_text(errors='replace')[-3000:]}\n{logs}\n{runner.errors}"
+        listed = cluster.kubectl_json("get", "pods", "-n", NAMESPACE, "-l", f"pdpair.io/name={name}")["items"]
+        reports = {p["metadata"]["name"]: [c for c in p["status"].get("conditions", [])
+                                           if c["type"].startswith("pdpair.io/")] for p in listed}
+        return (f"operator log:\n{operator.log.read_text(errors='replace')[-3000:]}\n{logs}\n"
+                f"runner: {runner.errors}\npod conditions: {reports}")
 
     failure = NOT_READY_HERE.get(example)
     if failure is None:
@@ -231,7 +246,7 @@ def _check(cluster: Cluster, runner: PodRunner, operator: ChartOperator, get: li
             wait_for(f"{name} READY True in `{shlex.join(get)}`",
                      lambda: operator.alive() and (r := ready_row(cluster, get, home, name))
                      and r["READY"] == "True" and r,
-                     timeout=180, interval=1.0)
+                     timeout=120, interval=1.0)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{diagnostics()}") from None
     else:
@@ -246,7 +261,10 @@ def _check(cluster: Cluster, runner: PodRunner, operator: ChartOperator, get: li
         _check_identity(runner, pod, name, account)
     if cluster.external_kubeconfig is None:  # the audit log exists for the cluster the tests started
         users = audit_users(cluster, [p["metadata"]["name"] for p in pods])
-        assert all(u - {KWOK_USER} == {account} for u in users.values()), users
+        # every report came from the agents' own account; an agent that exits before its first report
+        # (NOT_READY_HERE) sent none
+        expected = {account} if failure is None else set()
+        assert all(u - {KWOK_USER} == expected for u in users.values()), users
 
 
 def _check_identity(runner: PodRunner, pod: dict[str, Any], name: str, account: str) -> None:
