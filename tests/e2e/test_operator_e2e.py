@@ -440,3 +440,30 @@ def _incompatible_decode_is_refused(cluster: Cluster, runner: Any, ns: str) -> N
     assert condition(obj, "Ready")["status"] == "False" and condition(obj, "Degraded")["status"] == "True"
     events = get(cluster, "events", ns, "--field-selector", "involvedObject.name=pure-kv")["items"]
     assert any(e["reason"] == "TransferReadyFalse" and e["type"] == "Warning" for e in events), events
+
+
+def test_agents_without_the_right_to_report_fail_at_once_by_name(cluster: Cluster, ns: str,
+                                                                 tmp_path: Path) -> None:
+    """``spec.serviceAccountName`` names an account with no RBAC: each real agent, holding only that
+    account's token, exits at start with one line that names the account and the missing right; no pod
+    reports TransferReady, so the PDPair never turns Ready."""
+    from operator_support import REPO
+
+    from devcluster import PodRunner
+
+    cluster.kubectl("create", "serviceaccount", "no-rights", "-n", ns)
+    apply(cluster, ns, pdpair_yaml("norights", 1, 1, serviceAccountName="no-rights"))
+    agent = [str(REPO / ".venv" / "bin" / "pdpair-agent")]
+    with PodRunner(cluster, ns, {"pdpair-agent": agent}, selector="pdpair.io/name=norights",
+                   workdir=tmp_path / "pods") as runner:
+        local = runner.wait_for_pods(2, timeout=90)
+        assert all(p.tokens == [f"system:serviceaccount:{ns}:no-rights"] for p in local)
+        wait_for("both agents exited", lambda: not any(p.alive() for p in local), timeout=60)
+        for p in local:
+            assert p.returncodes() == {"agent": 2}, runner.logs(p.name)
+            errors = [ln for ln in runner.logs(p.name).splitlines() if ln.startswith("pdpair-agent: error:")]
+            why = f"system:serviceaccount:{ns}:no-rights may not patch pods/status of {ns}/{p.name}"
+            assert len(errors) == 1 and why in errors[0], runner.logs(p.name)
+    assert not [q for q in pods(cluster, ns, "norights") if condition(q, "pdpair.io/TransferReady")]
+    assert condition(pdpair(cluster, ns, "norights"), "Ready").get("status") != "True"
+    assert cluster.kubectl("get", "serviceaccount", "norights-agent", "-n", ns, check=False).returncode != 0
