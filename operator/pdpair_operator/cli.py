@@ -18,6 +18,7 @@ import kopf
 
 from dataplane.commands.args import Parser, add_version, integer, number
 
+from .identity import DEFAULT_AGENT_CLUSTER_ROLE
 from .options import Options
 from .preflight import NotConnected, check_api_server
 
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a NetworkPolicyPeer (JSON: namespaceSelector and/or podSelector) that each "
                         "PDPair's NetworkPolicy admits to the agents' metrics port (default: pods labelled "
                         "app.kubernetes.io/name=prometheus in any namespace)")
-    p.add_argument("--agent-cluster-role", default="pdpair-agent", metavar="NAME",
+    p.add_argument("--agent-cluster-role", default=DEFAULT_AGENT_CLUSTER_ROLE, metavar="NAME",
                    help="the ClusterRole each PDPair's agent ServiceAccount is bound to in its namespace "
                         "(get pods, get and patch pods/status; the Helm chart's <release>-agent; "
                         "default pdpair-agent)")
