@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.parse
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from typing import Any, Protocol
 
 from devcluster import podspec, procs
 
+RETRY_SECONDS = 2.0
+"""A pod that could not start is tried again after this long."""
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "VIRTUAL_ENV", "PYTHONPATH")
 
 
@@ -127,7 +130,8 @@ class PodRunner:
         self._watcher: threading.Thread | None = None
         self._service_env: dict[str, str] | None = None
         self.errors: dict[str, str] = {}
-        """Pods that could not start (by ``namespace/name``), retried at every sync, as the kubelet does."""
+        """Pods that could not start (by ``namespace/name``), tried again as the kubelet does."""
+        self._retry_at: dict[str, float] = {}
 
     # ---- API access ---------------------------------------------------------------------
     def _list_pods(self) -> list[dict[str, Any]]:
@@ -221,6 +225,8 @@ class PodRunner:
     def _try_start(self, uid: str, obj: Mapping[str, Any]) -> None:
         """Start the pod, or record why it cannot start (the next sync tries again)."""
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        if time.monotonic() < self._retry_at.get(key, 0.0):
+            return
         try:
             self.pods[uid] = self._start_pod(obj)
         except podspec.PodSpecError as exc:
@@ -228,8 +234,10 @@ class PodRunner:
                 with (self.workdir / "pod-errors.log").open("a") as log:
                     log.write(f"{key}: {exc}\n")
             self.errors[key] = str(exc)
+            self._retry_at[key] = time.monotonic() + RETRY_SECONDS
         else:
             self.errors.pop(key, None)
+            self._retry_at.pop(key, None)
 
     def _start_pod(self, obj: Mapping[str, Any]) -> LocalPod:
         meta = obj["metadata"]
@@ -266,7 +274,6 @@ class PodRunner:
             volume_root=pod.directory / name / "volumes",
             shared_root=self._volumes / pod.uid[:12],
             token=lambda o, source: self._token(pod, o, source),
-            cwd=pod.directory / name,
         )
         if local is None:
             if self.containers is not None:

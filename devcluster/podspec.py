@@ -356,12 +356,10 @@ def resolve_container(
     commands: Mapping[str, Sequence[str]],
     volume_root: Path,
     token: TokenSource | None = None,
-    cwd: Path | None = None,
     shared_root: Path | None = None,
 ) -> LocalContainer | None:
     """Everything needed to run ``container`` locally, or None if no command mapping fits. ``token``
-    answers projected ``serviceAccountToken`` sources (the kubelet's TokenRequest); ``cwd``: the
-    directory to run in without a ``workingDir`` (default: ``volume_root``'s parent); ``shared_root``:
+    answers projected ``serviceAccountToken`` sources (the kubelet's TokenRequest); ``shared_root``:
     where the pod's directory volumes live (``materialize_volumes``)."""
     mapped = local_argv(container, commands)
     if mapped is None:
@@ -373,8 +371,7 @@ def resolve_container(
     argv = [*prefix, *(rewrite_paths(expand(a, env), mounts) for a in rest)]
     env["PODRUNNER_MOUNTS"] = json.dumps({k: str(v) for k, v in mounts.items()})
     working = container.get("workingDir")
-    default = cwd or volume_root.parent
-    run_in = Path(rewrite_paths(str(working), mounts)) if working else default
-    if not run_in.is_dir():
-        run_in = default
-    return LocalContainer(str(container["name"]), argv, env, run_in, mounts)
+    cwd = Path(rewrite_paths(str(working), mounts)) if working else volume_root.parent
+    if not cwd.is_dir():
+        cwd = volume_root.parent
+    return LocalContainer(str(container["name"]), argv, env, cwd, mounts)

@@ -118,7 +118,7 @@ def test_install_upgrade_uninstall_leave_no_orphans(cluster: Cluster, helm_env: 
     crd = cluster.kubectl_json("get", "crd", "pdpairs.pdpair.io")
     assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {}), "CRD not upgraded"
 
-    _install(helm_env, release, ns, {}, verb="upgrade")
+    _install(helm_env, release, ns, {"operator.allNamespaces": "false"}, verb="upgrade")
     after = set(leftovers(cluster, release))
     assert not [n for n in after if "clusterrole.rbac.authorization.k8s.io/" in n and n.endswith("-operator")]
 
