@@ -46,6 +46,15 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 BINARIES = (*COMPONENTS, "kubectl", "helm")
 
 
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "verbs": ["patch"],
+               "resources": [{"group": "", "resources": ["pods/status"]}]},
+              {"level": "None"}],
+}
+"""The audit log records pod-status patches only (who reported a pod's conditions), at Metadata level."""
+
+
 class ClusterError(RuntimeError):
     """A component failed to start, or the cluster did not become ready in time."""
 
@@ -248,6 +257,12 @@ class Cluster:
     @property
     def pki(self) -> pki.Pki:
         return pki.Pki(self.workdir / "pki")
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (JSON lines): who patched which pod's status (``AUDIT_POLICY``).
+        Absent for a cluster someone else runs."""
+        return self.workdir / "logs" / "audit.log"
 
     def log_path(self, component: str) -> Path:
         return self.workdir / "logs" / f"{component}.log"
@@ -488,8 +503,18 @@ class Cluster:
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
             "--profiling=false",
+            f"--audit-policy-file={self._audit_policy()}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=64",
+            "--audit-log-maxbackup=1",
             "--v=1",
         ]
+
+    def _audit_policy(self) -> Path:
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(AUDIT_POLICY))
+        return path
 
     def _component_serving(self, name: str, port: int) -> list[str]:
         kubeconfig = self.pki.kubeconfig(name)

@@ -6,7 +6,11 @@ Running pod it has not seen yet it gives the pod its own loopback address
 (127.0.B.x, B a random block per runner; kwok's pod IP is never used or connected to), resolves each mapped
 container's environment, downward-API fields and mounted ConfigMaps/Secrets
 (:mod:`devcluster.podspec`) and starts the container's command as a local process
-in its own process group, logging to a per-pod directory. Pods that disappear
+in its own process group, logging to a per-pod directory. As the kubelet does, it asks the API
+server for a token of the pod's ServiceAccount, bound to the pod, wherever a projected volume asks
+for one, and gives every container ``KUBERNETES_SERVICE_HOST``/``PORT`` (the real API server's
+loopback address, as pod IPs are replaced by loopback ones): a process authenticates as its pod's
+ServiceAccount, never with the runner's own credentials. Pods that disappear
 from the API (or start terminating) have their processes stopped; a test can
 also stop or kill a pod's processes, or delete the pod.
 """
@@ -20,6 +24,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
+import urllib.parse
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +33,8 @@ from typing import Any, Protocol
 
 from devcluster import podspec, procs
 
+RETRY_SECONDS = 2.0
+"""A pod that could not start is tried again after this long."""
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "VIRTUAL_ENV", "PYTHONPATH")
 
 
@@ -64,6 +72,8 @@ class LocalPod:
     processes: dict[str, LocalProcess] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     stopped: bool = False
+    tokens: list[str] = field(default_factory=list)
+    """The identities of the ServiceAccount tokens written into the pod's volumes."""
 
     def alive(self) -> bool:
         return any(p.alive() for p in self.processes.values())
@@ -108,6 +118,9 @@ class PodRunner:
         self.extra_env = dict(extra_env or {})
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pdpair-pods-"))
+        self._volumes = Path(tempfile.mkdtemp(prefix="pdv-"))
+        """The pods' emptyDirs, shared by their containers as in a pod, under a short path: a Unix socket
+        in an emptyDir must fit in 108 bytes."""
         self.pods: dict[str, LocalPod] = {}  # by uid
         # A random first /24 block: runners of test sessions running side by side on one machine
         # rarely hand out the same address (agents bind fixed ports on it).
@@ -115,6 +128,10 @@ class PodRunner:
         self._lock = threading.RLock()
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._service_env: dict[str, str] | None = None
+        self.errors: dict[str, str] = {}
+        """Pods that could not start (by ``namespace/name``), tried again as the kubelet does."""
+        self._retry_at: dict[str, float] = {}
 
     # ---- API access ---------------------------------------------------------------------
     def _list_pods(self) -> list[dict[str, Any]]:
@@ -133,6 +150,33 @@ class PodRunner:
             raise RuntimeError(f"kubectl get {kind} {namespace}/{name}: {proc.stderr.strip()}")
         return podspec.decode_object(json.loads(proc.stdout))
 
+    def _token(self, pod: LocalPod, obj: Mapping[str, Any], source: Mapping[str, Any]) -> bytes:
+        """A TokenRequest for the pod's ServiceAccount, bound to the pod (void once it is gone), with the
+        source's lifetime and audience: what the kubelet writes into the pod's token volume."""
+        meta = obj["metadata"]
+        account = obj["spec"].get("serviceAccountName") or "default"
+        args = ["create", "token", account, "-n", meta["namespace"], "--bound-object-kind=Pod",
+                f"--bound-object-name={meta['name']}", f"--bound-object-uid={meta['uid']}",
+                f"--duration={int(source.get('expirationSeconds') or 3600)}s"]
+        if source.get("audience"):
+            args.append(f"--audience={source['audience']}")
+        proc = self.cluster.kubectl(*args, check=False, timeout=30)
+        if proc.returncode != 0:
+            raise podspec.PodSpecError(f"TokenRequest for ServiceAccount {meta['namespace']}/{account} "
+                                       f"of pod {meta['name']}: {proc.stderr.strip()}")
+        pod.tokens.append(f"system:serviceaccount:{meta['namespace']}:{account}")
+        return proc.stdout.strip().encode()
+
+    def service_env(self) -> dict[str, str]:
+        """``KUBERNETES_SERVICE_HOST``/``PORT``: where in-cluster clients find the API server."""
+        if self._service_env is None:
+            server = self.cluster.kubectl(
+                "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
+            parsed = urllib.parse.urlsplit(server.strip())
+            self._service_env = {"KUBERNETES_SERVICE_HOST": parsed.hostname or "",
+                                 "KUBERNETES_SERVICE_PORT": str(parsed.port or 443)}
+        return dict(self._service_env)
+
     # ---- the loop -------------------------------------------------------------------------
     def sync(self) -> list[LocalPod]:
         """Start newly Running pods, stop pods gone from the API; return the pods now running."""
@@ -144,7 +188,7 @@ class PodRunner:
                     self._terminate(pod)
             for uid, obj in runnable.items():
                 if uid not in self.pods:
-                    self.pods[uid] = self._start_pod(obj)
+                    self._try_start(uid, obj)
             return [p for p in self.pods.values() if p.uid in runnable and not p.stopped]
 
     def wait_for_pods(self, count: int, timeout: float = 60) -> list[LocalPod]:
@@ -157,7 +201,8 @@ class PodRunner:
             return len(result) >= count
 
         if not procs.wait_until(enough, timeout=timeout, interval=0.5):
-            raise TimeoutError(f"{len(result)} of {count} pods running locally after {timeout:.0f}s")
+            why = "".join(f"; {key}: {error}" for key, error in sorted(self.errors.items()))
+            raise TimeoutError(f"{len(result)} of {count} pods running locally after {timeout:.0f}s{why}")
         return result
 
     def watch(self, interval: float = 0.5) -> None:
@@ -177,6 +222,23 @@ class PodRunner:
                 (self.workdir / "watch-errors.log").open("a").write(f"{exc}\n")
 
     # ---- starting a pod ---------------------------------------------------------------------
+    def _try_start(self, uid: str, obj: Mapping[str, Any]) -> None:
+        """Start the pod, or record why it cannot start (the next sync tries again)."""
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        if time.monotonic() < self._retry_at.get(key, 0.0):
+            return
+        try:
+            self.pods[uid] = self._start_pod(obj)
+        except podspec.PodSpecError as exc:
+            if self.errors.get(key) != str(exc):
+                with (self.workdir / "pod-errors.log").open("a") as log:
+                    log.write(f"{key}: {exc}\n")
+            self.errors[key] = str(exc)
+            self._retry_at[key] = time.monotonic() + RETRY_SECONDS
+        else:
+            self.errors.pop(key, None)
+            self._retry_at.pop(key, None)
+
     def _start_pod(self, obj: Mapping[str, Any]) -> LocalPod:
         meta = obj["metadata"]
         pod = LocalPod(
@@ -187,15 +249,22 @@ class PodRunner:
             pod_ip=obj.get("status", {}).get("podIP", ""),
             directory=self.workdir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}",
         )
-        for container in obj["spec"]["containers"]:
-            self._start_container(pod, obj, container)
+        resolved = [self._resolve(pod, obj, container) for container in obj["spec"]["containers"]]
+        for local in resolved:  # every container resolved (volumes, tokens) before any starts
+            if local is not None:
+                env = {**self._base_env(), **self.service_env(), "HOSTNAME": pod.name, **local.env}
+                log = pod.directory / f"{local.name}.log"
+                proc = procs.spawn(local.argv, log, env=env, cwd=local.cwd)
+                pod.processes[local.name] = LocalProcess(local.name, local.argv, log, proc)
         return pod
 
-    def _start_container(self, pod: LocalPod, obj: Mapping[str, Any], container: Mapping[str, Any]) -> None:
+    def _resolve(self, pod: LocalPod, obj: Mapping[str, Any],
+                 container: Mapping[str, Any]) -> podspec.LocalContainer | None:
         name = str(container["name"])
         if self.containers is not None and name not in self.containers:
             pod.skipped.append(name)
-            return
+            return None
+        (pod.directory / name).mkdir(parents=True, exist_ok=True)
         local = podspec.resolve_container(
             obj,
             container,
@@ -203,16 +272,14 @@ class PodRunner:
             lookup=self._lookup,
             commands=self.commands,
             volume_root=pod.directory / name / "volumes",
+            shared_root=self._volumes / pod.uid[:12],
+            token=lambda o, source: self._token(pod, o, source),
         )
         if local is None:
             if self.containers is not None:
                 raise podspec.PodSpecError(f"no command mapping for container {name!r} of pod {pod.name}")
             pod.skipped.append(name)
-            return
-        env = {**self._base_env(), "HOSTNAME": pod.name, **local.env}
-        log = pod.directory / f"{name}.log"
-        proc = procs.spawn(local.argv, log, env=env, cwd=local.cwd)
-        pod.processes[name] = LocalProcess(name, local.argv, log, proc)
+        return local
 
     def _base_env(self) -> dict[str, str]:
         base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
@@ -277,6 +344,7 @@ class PodRunner:
                 self._terminate(pod)
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self._volumes, ignore_errors=True)
 
     def __enter__(self) -> PodRunner:
         return self

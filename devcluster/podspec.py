@@ -4,9 +4,10 @@ Role: the pure part of the pod runner. Given the pod (as the API returns it), a
 container, the loopback address standing in for the pod IP, and a lookup for
 ConfigMaps/Secrets, it resolves ``env`` (values, ``$(VAR)`` references,
 downward-API ``fieldRef``/``resourceFieldRef``, ``configMapKeyRef``/``secretKeyRef``),
-``envFrom``, and the ConfigMap/Secret/downwardAPI/projected/emptyDir volumes the
-container mounts (written under a local directory; every mount path appearing in
-command, args, env values or mounted text files is rewritten to that directory).
+``envFrom``, and the ConfigMap/Secret/downwardAPI/projected (ServiceAccount tokens
+from a token source included)/emptyDir volumes the container mounts (written under a
+local directory; every mount path appearing in command, args, env values or mounted
+text files is rewritten to that directory).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 HOST_ADDRESS = "127.0.0.1"
 # kind ("ConfigMap"/"Secret"), namespace, name -> decoded data, or None if absent
 Lookup = Callable[[str, str, str], "dict[str, bytes] | None"]
+# the pod, a projected volume's serviceAccountToken source -> the token (a TokenRequest's answer)
+TokenSource = Callable[[Mapping[str, Any], Mapping[str, Any]], bytes]
 
 
 class PodSpecError(ValueError):
@@ -193,6 +196,7 @@ class _Context:
     container: Mapping[str, Any]
     address: str
     lookup: Lookup
+    token: TokenSource | None = None
 
     @property
     def namespace(self) -> str:
@@ -237,6 +241,10 @@ def _projected_files(source: Mapping[str, Any], ctx: _Context) -> dict[str, byte
             files.update(_object_files("Secret", part["secret"], ctx))
         elif "downwardAPI" in part:
             files.update(_downward_files(part["downwardAPI"], ctx))
+        elif "serviceAccountToken" in part:
+            if ctx.token is None:
+                raise PodSpecError("a serviceAccountToken volume source, but no token source")
+            files[str(part["serviceAccountToken"]["path"])] = ctx.token(ctx.pod, part["serviceAccountToken"])
     return files
 
 
@@ -290,23 +298,29 @@ def _rewrite_text_files(root: Path, mounts: Mapping[str, Path]) -> None:
             path.write_text(new)
 
 
-def materialize_volumes(ctx: _Context, root: Path) -> dict[str, Path]:
-    """Write the container's mounted volumes under ``root``; return mountPath -> local path."""
+def materialize_volumes(ctx: _Context, root: Path, shared: Path | None = None) -> dict[str, Path]:
+    """Write the container's mounted volumes under ``root``; return mountPath -> local path.
+
+    Volumes with files (ConfigMap, Secret, downward API, projected) are the container's own copies, their
+    text rewritten to its mounts; directory volumes (emptyDir and the rest) live under ``shared`` (default
+    ``root``), where the pod's containers share them, as they share an emptyDir in a pod."""
     volumes = {v["name"]: v for v in ctx.pod.get("spec", {}).get("volumes") or []}
     mounts: dict[str, Path] = {}
+    written: list[Path] = []
     for mount in ctx.container.get("volumeMounts") or []:
         volume = volumes.get(mount["name"])
         if volume is None:
             raise PodSpecError(f"volumeMount {mount['name']!r} has no volume")
-        local = root / mount["name"]
-        local.mkdir(parents=True, exist_ok=True)
         files = volume_files(volume, ctx)
+        local = (root if files is not None else shared or root) / mount["name"]
+        local.mkdir(parents=True, exist_ok=True)
         if files is not None:
             _write_files(local, files)
+            written.append(local)
         sub = mount.get("subPath")
         mounts[str(mount["mountPath"])] = local / sub if sub else local
-    for mount in ctx.container.get("volumeMounts") or []:
-        _rewrite_text_files(root / mount["name"], mounts)
+    for local in written:
+        _rewrite_text_files(local, mounts)
     return mounts
 
 
@@ -341,14 +355,18 @@ def resolve_container(
     lookup: Lookup,
     commands: Mapping[str, Sequence[str]],
     volume_root: Path,
+    token: TokenSource | None = None,
+    shared_root: Path | None = None,
 ) -> LocalContainer | None:
-    """Everything needed to run ``container`` locally, or None if no command mapping fits."""
+    """Everything needed to run ``container`` locally, or None if no command mapping fits. ``token``
+    answers projected ``serviceAccountToken`` sources (the kubelet's TokenRequest); ``shared_root``:
+    where the pod's directory volumes live (``materialize_volumes``)."""
     mapped = local_argv(container, commands)
     if mapped is None:
         return None
     prefix, rest = mapped
-    ctx = _Context(pod, container, address, lookup)
-    mounts = materialize_volumes(ctx, volume_root)
+    ctx = _Context(pod, container, address, lookup, token)
+    mounts = materialize_volumes(ctx, volume_root, shared_root)
     env = {k: rewrite_paths(v, mounts) for k, v in container_env(ctx).items()}
     argv = [*prefix, *(rewrite_paths(expand(a, env), mounts) for a in rest)]
     env["PODRUNNER_MOUNTS"] = json.dumps({k: str(v) for k, v in mounts.items()})

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from devcluster import Cluster
 from devcluster.cluster import bin_dir
 from tests.prom_support import free_port
 
@@ -57,11 +58,21 @@ def crd_files() -> list[Path]:
 
 
 def pdpair(name: str, namespace: str, example: str = "pure-kv-nixl.yaml") -> dict[str, Any]:
-    """One of examples/ (no GPUs requested) renamed, its agents run as the chart's agent ServiceAccount."""
+    """One of examples/ (no GPUs requested) renamed."""
     obj: dict[str, Any] = yaml.safe_load((ROOT / "examples" / example).read_text())
     obj["metadata"] = {"name": name, "namespace": namespace}
-    obj["spec"]["serviceAccountName"] = "pdpair-agent"
     return obj
+
+
+def sa_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig holding only a TokenRequest token for ``account``: the API server authorizes
+    every request by the chart's RBAC (no client certificate, no impersonation rights needed)."""
+    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+    config = yaml.safe_load(cluster.kubectl("config", "view", "--raw", "--minify", "--flatten").stdout)
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = account
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
@@ -83,7 +94,8 @@ class Operator:
             self.proc = subprocess.Popen(
                 [OPERATOR, f"--namespace={namespace}", *extra, "--standalone",
                  f"--metrics-port={self.metrics_port}", "--metrics-address=127.0.0.1", "--log-format=plain"],
-                env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(log.parent)},
+                env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(log.parent),
+                     **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:

@@ -76,6 +76,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen-host", help="address every listener binds (overrides listen.host)")
     p.add_argument("--pod-name", help="this pod (identity.podName); enables the pod condition")
     p.add_argument("--namespace", help="this pod's namespace (identity.namespace)")
+    p.add_argument("--service-account-dir", metavar="DIR",
+                   help="report pod conditions with the ServiceAccount token in DIR (token, ca.crt: the "
+                        "pod's projected token volume) at KUBERNETES_SERVICE_HOST/PORT; the agent exits at "
+                        "once if that identity may not patch its pod's status")
     p.add_argument("--tp-rank", type=integer(0, 63),
                    help="serve this TP rank alone (default: every rank of <role>.tpSize)")
     p.add_argument("--log-format", choices=("plain", "json"), default="plain")
@@ -107,17 +111,27 @@ def served_ranks(cfg: Any, args: argparse.Namespace) -> list[int]:
     return list(range(cfg.tp_size)) if args.tp_rank is None else [args.tp_rank]
 
 
-def pod_reporter(cfg: Any) -> Any:
-    """``PodStatusReporter`` when running in a pod (namespace and pod name known), else None."""
+def pod_reporter(cfg: Any, service_account_dir: str | None = None) -> Any:
+    """``PodStatusReporter`` when running in a pod (namespace and pod name known), else None. With
+    ``service_account_dir``, it reports as that token's ServiceAccount, and ``BadInput`` says why that
+    identity cannot (an agent that cannot report would never turn its pod Ready)."""
     ident = cfg.identity
     if not (ident.pod_name and ident.namespace):
         return None
     try:
-        from ..podstatus import PodStatusReporter
+        from .. import podstatus
     except ImportError as exc:
         logging.getLogger("pdpair.agent").warning("pod conditions disabled: %s", exc)
         return None
-    return PodStatusReporter(ident.namespace, ident.pod_name)
+    if not service_account_dir:
+        return podstatus.PodStatusReporter(ident.namespace, ident.pod_name)
+    api = podstatus.service_account_client(service_account_dir)
+    problem = podstatus.access_problem(api, ident.namespace, ident.pod_name)
+    if problem:
+        raise BadInput(f"--service-account-dir {service_account_dir}: {problem}; bind the pod's "
+                       f"ServiceAccount to the agent ClusterRole (get pods, patch pods/status) in "
+                       f"{ident.namespace}")
+    return podstatus.PodStatusReporter(ident.namespace, ident.pod_name, podstatus.api_patcher(api))
 
 
 def cannot_listen(cfg: Any, reason: str) -> str:
@@ -160,12 +174,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = load(args)
     ranks = served_ranks(cfg, args)
     wrap = fault_wrapper(os.environ)
+    reporter = pod_reporter(cfg, args.service_account_dir)
     try:
         if cfg.localapi.engine.mode == "external":
             from ..localapi.ranks import serve
 
-            return serve(cfg, ranks, reporter=pod_reporter(cfg), ready_file=args.ready_file)
-        pod = start_in_process(cfg, ranks, reporter=pod_reporter(cfg), wrap_transport=wrap)
+            return serve(cfg, ranks, reporter=reporter, ready_file=args.ready_file)
+        pod = start_in_process(cfg, ranks, reporter=reporter, wrap_transport=wrap)
     except Exception as exc:
         code = getattr(exc, "errno", None)  # OSError, and zmq.ZMQError which is not one
         if code not in BIND_ERRNOS:

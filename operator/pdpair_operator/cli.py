@@ -18,6 +18,7 @@ import kopf
 
 from dataplane.commands.args import Parser, add_version, integer, number
 
+from .identity import DEFAULT_AGENT_CLUSTER_ROLE
 from .options import Options
 from .preflight import NotConnected, check_api_server
 
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a NetworkPolicyPeer (JSON: namespaceSelector and/or podSelector) that each "
                         "PDPair's NetworkPolicy admits to the agents' metrics port (default: pods labelled "
                         "app.kubernetes.io/name=prometheus in any namespace)")
+    p.add_argument("--agent-cluster-role", default=DEFAULT_AGENT_CLUSTER_ROLE, metavar="NAME",
+                   help="the ClusterRole each PDPair's agent ServiceAccount is bound to in its namespace "
+                        "(get pods, get and patch pods/status; the Helm chart's <release>-agent; "
+                        "default pdpair-agent)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p
@@ -79,7 +84,8 @@ def _scraper(text: str) -> dict[str, Any]:
 
 def options_from(args: argparse.Namespace) -> Options:
     return Options(metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-                   concurrency=args.concurrency, metrics_scraper=args.metrics_scraper)
+                   concurrency=args.concurrency, metrics_scraper=args.metrics_scraper,
+                   agent_cluster_role=args.agent_cluster_role)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,7 +60,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     kube = Kube(load_api_client(pool_size=options.concurrency + 4))
     executor = Executor(kube, concurrency=options.concurrency)
     memo["reconciler"] = Reconciler(executor, metrics, debounce=options.debounce,
-                                    scraper=options.metrics_scraper)
+                                    scraper=options.metrics_scraper, agent_role=options.agent_cluster_role)
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -110,26 +110,26 @@ def pdpair_network_policies(namespace: str | None, labels: kopf.Labels, body: ko
     return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body("NetworkPolicy", body)}
 
 
-def _router_index(kind: str) -> Any:
+def _extra_index(kind: str) -> Any:
     def index(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, ChildView]:
         return {(namespace or "", labels[naming.LABEL_NAME]): child_from_body(kind, body)}
     index.__name__ = f"pdpair_{kind.lower()}s"
     return index
 
 
-# A serving PDPair's router children (pdpair_operator.serving).
-ROUTER_INDICES = ("pdpair_serviceaccounts", "pdpair_roles", "pdpair_rolebindings", "pdpair_deployments",
+# The agents' identity (pdpair_operator.identity) and a serving PDPair's router (serving).
+EXTRA_INDICES = ("pdpair_serviceaccounts", "pdpair_roles", "pdpair_rolebindings", "pdpair_deployments",
                   "pdpair_poddisruptionbudgets")
 kopf.index("v1", "serviceaccounts", labels=CHILD_LABELS, id="pdpair_serviceaccounts")(
-    _router_index("ServiceAccount"))
+    _extra_index("ServiceAccount"))
 kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=CHILD_LABELS, id="pdpair_roles")(
-    _router_index("Role"))
+    _extra_index("Role"))
 kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_LABELS, id="pdpair_rolebindings")(
-    _router_index("RoleBinding"))
+    _extra_index("RoleBinding"))
 kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id="pdpair_deployments")(
-    _router_index("Deployment"))
+    _extra_index("Deployment"))
 kopf.index("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS, id="pdpair_poddisruptionbudgets")(
-    _router_index("PodDisruptionBudget"))
+    _extra_index("PodDisruptionBudget"))
 
 
 def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
@@ -139,7 +139,7 @@ def _reconciler(memo: kopf.Memo, kwargs: dict[str, Any]) -> Reconciler:
     idx.services, idx.configmaps = kwargs["pdpair_services"], kwargs["pdpair_configmaps"]
     idx.claim_templates = kwargs["pdpair_claim_templates"]
     idx.secrets, idx.network_policies = kwargs["pdpair_secrets"], kwargs["pdpair_network_policies"]
-    idx.router = tuple(kwargs[name] for name in ROUTER_INDICES)
+    idx.extra = tuple(kwargs[name] for name in EXTRA_INDICES)
     return rec
 
 

@@ -63,6 +63,11 @@ def pairing_secret(owner: str) -> str:
     return f"{owner}-pairing"
 
 
+def agent_service_account(owner: str) -> str:
+    """The agents' ServiceAccount and its RoleBinding (``identity.py``)."""
+    return f"{owner}-agent"
+
+
 def network_policy(owner: str) -> str:
     return f"{owner}-isolation"
 

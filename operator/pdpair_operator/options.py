@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from .identity import DEFAULT_AGENT_CLUSTER_ROLE
+
 
 class Options(msgspec.Struct, frozen=True):
     metrics_port: int = 0
@@ -17,6 +19,8 @@ class Options(msgspec.Struct, frozen=True):
     """Seconds a kicked PDPair waits so a burst of child events costs one reconcile pass."""
     batch_window: float = 0.05
     """kopf's per-object event batching window."""
+    agent_cluster_role: str = DEFAULT_AGENT_CLUSTER_ROLE
+    """The ClusterRole each PDPair's agent ServiceAccount is bound to (``identity.py``)."""
     metrics_scraper: dict[str, Any] | None = None
     """The NetworkPolicyPeer each PDPair's NetworkPolicy admits to the agents' metrics port; None: pods
     labelled ``app.kubernetes.io/name: prometheus`` in any namespace."""

@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from . import naming, render, validate
+from . import identity, naming, render, validate
 from .observe import ChildView, Owner, PodView
 from .spec import ROLES, Role, generation_hash
 from .status import RolloutFacts, build_status, condition, transition_events
@@ -97,10 +97,15 @@ class Plan:
 
     def create_waves(self) -> list[tuple[dict[str, Any], ...]]:
         """Creates in the order the executor runs them, each wave only after the last one succeeded:
-        everything else, then prefill pods; and ``delete_waves``: prefill pods first. An operator
-        stopped between two waves (killed, its API server gone) so never leaves a generation with
-        prefill pods but no decode, whose prefills could serve no one."""
-        return _waves(self.creates, lambda m: m["kind"] != "Pod" or _role(m) != "prefill")
+        every other child (the pods' ServiceAccount must exist before them), then decode pods, then
+        prefill pods; and ``delete_waves``: prefill pods first. An operator stopped between two waves
+        (killed, its API server gone) so never leaves a generation with prefill pods but no decode,
+        whose prefills could serve no one."""
+        children = tuple(m for m in self.creates if m["kind"] != "Pod")
+        pods = tuple(m for m in self.creates if m["kind"] == "Pod")
+        decode = tuple(m for m in pods if _role(m) != "prefill")
+        prefill = tuple(m for m in pods if _role(m) == "prefill")
+        return [w for w in (children, decode, prefill) if w]
 
     def delete_waves(self) -> list[tuple[Delete, ...]]:
         return _waves(self.deletes, lambda d: d.kind == "Pod" and d.role == "prefill")
@@ -142,15 +147,18 @@ def backoff_seconds(count: int) -> float:
 
 
 def plan(owner: Owner, observed: Observed, now: datetime, *, scraper: dict[str, Any] | None = None,
-         new_key: Callable[[], bytes] = new_pairing_key) -> Plan:
+         new_key: Callable[[], bytes] = new_pairing_key,
+         agent_role: str = identity.DEFAULT_AGENT_CLUSTER_ROLE) -> Plan:
     """``scraper``: the NetworkPolicyPeer admitted to the metrics port (default ``DEFAULT_SCRAPER``);
-    ``new_key``: the pairing key's source, called only when the PDPair has no Secret yet."""
+    ``new_key``: the pairing key's source, called only when the PDPair has no Secret yet;
+    ``agent_role``: the ClusterRole the agents' ServiceAccount is bound to (``identity.py``)."""
     gen = generation_hash(owner.spec)
     invalid = validate.invalid_reason(owner, gen)
     if invalid is not None:
         return _invalid_plan(owner, gen, observed, invalid, now)
     work = _Work()
     _plan_security(owner, observed, scraper if scraper is not None else DEFAULT_SCRAPER, new_key, work)
+    _plan_identity(owner, observed, agent_role, work)
     failures = _record_failures(owner, gen, observed.pods, now, work)
     old_pods = _plan_pods(owner, gen, observed.pods, failures, now, work)
     _plan_children(owner, gen, observed, work)
@@ -196,6 +204,29 @@ def _plan_security(owner: Owner, observed: Observed, scraper: dict[str, Any],
             naming.ANNOTATION_RENDER_HASH]:
         body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
         work.patches.append(Patch("NetworkPolicy", have.name, body))
+
+
+def _plan_identity(owner: Owner, observed: Observed, agent_role: str, work: _Work) -> None:
+    """The agents' ServiceAccount and RoleBinding: created, patched (the RoleBinding's roleRef cannot
+    change: deleted, then created again), or deleted once ``spec.serviceAccountName`` names another."""
+    seen = {(c.kind, c.name): c for c in observed.children}
+    desired = {(m["kind"], m["metadata"]["name"]): m for m in render.build_agent_identity(owner, agent_role)}
+    name = naming.agent_service_account(owner.name)
+    for key in (("ServiceAccount", name), ("RoleBinding", name)):
+        have, want = seen.get(key), desired.get(key)
+        if have is not None and have.deleting:
+            continue
+        if want is None:
+            if have is not None:
+                work.deletes.append(Delete(*key))
+        elif have is None:
+            work.creates.append(want)
+        elif have.render_hash != want["metadata"]["annotations"][naming.ANNOTATION_RENDER_HASH]:
+            if key[0] == "RoleBinding":
+                work.deletes.append(Delete(*key))
+            else:
+                body = {k: v for k, v in want.items() if k not in ("apiVersion", "kind")}
+                work.patches.append(Patch(*key, body))
 
 
 def _record_failures(owner: Owner, gen: str, pods: tuple[PodView, ...], now: datetime,

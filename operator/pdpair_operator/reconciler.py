@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from .apply import Executor
+from .identity import DEFAULT_AGENT_CLUSTER_ROLE
 from .metrics import OperatorMetrics
 from .observe import ChildView, Owner, PodView
 from .planner import Observed, plan, rfc3339
@@ -39,8 +40,9 @@ class Indices:
         self.claim_templates: Mapping[Key, Iterable[ChildView]] = {}
         self.secrets: Mapping[Key, Iterable[ChildView]] = {}
         self.network_policies: Mapping[Key, Iterable[ChildView]] = {}
-        self.router: tuple[Mapping[Key, Iterable[ChildView]], ...] = ()
-        """A serving PDPair's router children: ServiceAccounts, Roles, RoleBindings, Deployments."""
+        self.extra: tuple[Mapping[Key, Iterable[ChildView]], ...] = ()
+        """ServiceAccounts, Roles, RoleBindings, Deployments, PodDisruptionBudgets: the agents'
+        identity and a serving PDPair's router."""
 
     def owner(self, key: Key) -> Owner | None:
         return next(iter(self.owners.get(key, ())), None)
@@ -49,15 +51,17 @@ class Indices:
         children = (*self.services.get(key, ()), *self.configmaps.get(key, ()),
                     *self.claim_templates.get(key, ()), *self.secrets.get(key, ()),
                     *self.network_policies.get(key, ()),
-                    *(view for index in self.router for view in index.get(key, ())))
+                    *(view for index in self.extra for view in index.get(key, ())))
         return Observed(pods=tuple(self.pods.get(key, ())), children=tuple(children))
 
 
 class Reconciler:
     def __init__(self, executor: Executor, metrics: OperatorMetrics, *, debounce: float = 0.05,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 scraper: dict[str, Any] | None = None) -> None:
+                 scraper: dict[str, Any] | None = None, agent_role: str = DEFAULT_AGENT_CLUSTER_ROLE) -> None:
         self.indices = Indices()
+        self.agent_role = agent_role
+        """The ClusterRole the agents' ServiceAccounts are bound to."""
         self.scraper = scraper
         """The NetworkPolicyPeer admitted to the agents' metrics port (None: the planner's default)."""
         self.executor = executor
@@ -135,7 +139,8 @@ class Reconciler:
         if written is not None and written[0] == owner.uid:
             owner = msgspec.structs.replace(owner, status=written[1])
         now = self.clock()
-        step = plan(owner, self.indices.observed(key), now, scraper=self.scraper)
+        step = plan(owner, self.indices.observed(key), now, scraper=self.scraper,
+                    agent_role=self.agent_role)
         for action, count in (("create", len(step.creates)), ("delete", len(step.deletes)),
                               ("patch", len(step.patches))):
             if count:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dataplane import config as agent_config
 
-from . import naming, resources, serving
+from . import identity, naming, resources, serving
 from .observe import Owner
 from .spec import API_VERSION, KIND, PDPairSpec, Role
 
@@ -404,8 +404,7 @@ def build_pod(owner: Owner, generation: str, role: Role, index: int,
         pod_spec["resourceClaims"] = [{
             "name": naming.GPU_CLAIM,
             "resourceClaimTemplateName": naming.gpu_claim_template(owner.name, generation, role)}]
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
+    pod_spec = identity.with_identity(owner, pod_spec)
     if rs.node_selector:
         pod_spec["nodeSelector"] = dict(rs.node_selector)
     if rs.tolerations:
@@ -418,3 +417,12 @@ def build_pod(owner: Owner, generation: str, role: Role, index: int,
                      "annotations": annotations},
         "spec": pod_spec,
     })
+
+
+def build_agent_identity(owner: Owner, cluster_role: str) -> tuple[dict[str, Any], ...]:
+    """The agents' ServiceAccount and RoleBinding (``identity.py``), owned and hashed; none where
+    ``spec.serviceAccountName`` names the account."""
+    if not identity.operator_managed(owner):
+        return ()
+    return (_finish(owner, identity.build_service_account(owner)),
+            _finish(owner, identity.build_role_binding(owner, cluster_role)))

@@ -203,6 +203,8 @@ class Engine(_Spec, frozen=True):
     reply_spin_microseconds: int = 200
     """The sidecar agent's ``localapi.engine.replySpinMicroseconds``."""
     sglang: Sglang | None = None
+    security_context: dict[str, Any] | None = None
+    """A named engine image's container securityContext (default: restricted, ``identity.py``)."""
 
     @property
     def sidecar(self) -> bool:

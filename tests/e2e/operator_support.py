@@ -1,5 +1,6 @@
-"""Helpers for the operator's end-to-end tests: the CRD, the operator as a subprocess, polling, and a
-test that plays the agents (patching each pod's ``pdpair.io/TransferReady`` as an agent would)."""
+"""Helpers for the operator's end-to-end tests: the CRD and the agents' ClusterRole, the operator as a
+subprocess, polling, the test's cluster DNS for real agents, and a test that plays the agents (patching
+each pod's ``pdpair.io/TransferReady`` as an agent would)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from devcluster import Cluster
 from devcluster.procs import free_port
+from tests.chart_support import CHART, helm
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "pdpair.yaml"
@@ -49,6 +51,21 @@ def install_crd(cluster: Cluster) -> None:
     wait_for("CRD pdpairs.pdpair.io Established", established, timeout=60)
 
 
+E2E_AGENT_ROLE = "pdpair-e2e-agent"
+
+
+def install_agent_role(cluster: Cluster) -> str:
+    """The agents' ClusterRole for the operator to bind, rendered from the chart (release ``pdpair-e2e``),
+    and its name. ``PDPAIR_OPERATOR_AGENT_ROLE`` names one a chart release installed instead
+    (tests/e2e/test_chart_install.py, whose operator may bind only its own release's)."""
+    named = os.environ.get("PDPAIR_OPERATOR_AGENT_ROLE")
+    if named:
+        return named
+    rendered = helm("template", "pdpair-e2e", str(CHART), "--show-only", "templates/agent-rbac.yaml").stdout
+    cluster.kubectl("apply", "-f", "-", input=rendered)
+    return E2E_AGENT_ROLE
+
+
 @contextmanager
 def running_operator(cluster: Cluster, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     """``pdpair-operator`` as a subprocess on the cluster's kubeconfig (stopped on exit).
@@ -56,7 +73,7 @@ def running_operator(cluster: Cluster, log: Path, *extra: str) -> Iterator[subpr
     ``PDPAIR_OPERATOR_KUBECONFIG`` gives the operator alone another identity: tests/e2e/test_chart_install.py
     runs this suite with a token of the Helm chart's ServiceAccount, so only the chart's RBAC applies."""
     argv = [str(REPO / ".venv" / "bin" / "pdpair-operator"), "--standalone", "--log-format", "full",
-            "--metrics-port", str(free_port()), *extra]
+            "--metrics-port", str(free_port()), f"--agent-cluster-role={install_agent_role(cluster)}", *extra]
     env = {**cluster.env(), "PYTHONUNBUFFERED": "1"}
     if os.environ.get("PDPAIR_OPERATOR_KUBECONFIG"):
         env["KUBECONFIG"] = os.environ["PDPAIR_OPERATOR_KUBECONFIG"]
@@ -131,6 +148,22 @@ class FakeAgents:
                         report(self.cluster, self.ns, meta["name"], "True", "HandshakeComplete", "test agent")
             except Exception as exc:  # the API server may be busy; the next round retries
                 print(f"fake agents: {exc}", file=sys.stderr)
+
+
+def publish_bootstrap_addresses(cluster: Cluster, runner: Any, ns: str, hosts: Path) -> None:
+    """The test's cluster DNS: each bootstrap Service's name → the loopback address the runner gave the
+    Running pod its selector picks, resolved from the API by pod UID (never a cluster IP)."""
+    local = {p.uid: p.address for p in list(runner.pods.values()) if not p.stopped}
+    mapping: dict[str, str] = {}
+    for svc in get(cluster, "services", ns, "-l", "pdpair.io/child=bootstrap")["items"]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(svc["spec"]["selector"].items()))
+        for pod in get(cluster, "pods", ns, "-l", selector)["items"]:
+            uid = pod["metadata"]["uid"]
+            if uid in local and not pod["metadata"].get("deletionTimestamp"):
+                mapping[f"{svc['metadata']['name']}.{ns}.svc"] = local[uid]
+    tmp = hosts.with_suffix(".tmp")
+    tmp.write_text(json.dumps(mapping))
+    tmp.replace(hosts)
 
 
 def operator_metrics(port: int) -> str:

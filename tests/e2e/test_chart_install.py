@@ -19,7 +19,18 @@ import pytest
 import yaml
 
 from devcluster import Cluster
-from tests.chart_support import CHART, ROOT, Operator, find, helm, pdpair, set_args, template, wait_for
+from tests.chart_support import (
+    CHART,
+    ROOT,
+    Operator,
+    find,
+    helm,
+    pdpair,
+    sa_kubeconfig,
+    set_args,
+    template,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -92,25 +103,24 @@ def test_server_side_dry_run_rejects_an_unknown_field(cluster: Cluster) -> None:
 
 def test_install_upgrade_uninstall_leave_no_orphans(cluster: Cluster, helm_env: dict[str, str]) -> None:
     release, uid = f"pdp-{_uid()}", _uid()
-    ns, other = _namespace(cluster, f"chart-{uid}"), _namespace(cluster, f"chart-{uid}-b")
+    ns = _namespace(cluster, f"chart-{uid}")
     _install(helm_env, release, ns)
     kinds = {name.split("/")[0].split(".")[0] for name in leftovers(cluster, release)}
     expected = {o["kind"].lower() for o in template(namespace=ns, release=release)}
     assert expected <= kinds and kinds - expected <= DERIVED, kinds
 
-    wide = {"operator.allNamespaces": "true", "agent.namespaces": f"{{{ns},{other}}}", "crds.keep": "false"}
+    wide = {"operator.allNamespaces": "true", "crds.keep": "false"}
     _install(helm_env, release, ns, wide, verb="upgrade")
     after = set(leftovers(cluster, release))
     assert f"role.rbac.authorization.k8s.io/{release}-pdpair-operator" not in after, "old Role orphaned"
     assert f"clusterrole.rbac.authorization.k8s.io/{release}-pdpair-operator" in after
-    assert cluster.kubectl_json("get", "serviceaccount", "pdpair-agent", "-n", other)["metadata"]["name"]
+    assert f"clusterrole.rbac.authorization.k8s.io/{release}-pdpair-agent" in after
     crd = cluster.kubectl_json("get", "crd", "pdpairs.pdpair.io")
     assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {}), "CRD not upgraded"
 
-    _install(helm_env, release, ns, {"agent.namespaces": f"{{{ns}}}"}, verb="upgrade")
+    _install(helm_env, release, ns, {"operator.allNamespaces": "false"}, verb="upgrade")
     after = set(leftovers(cluster, release))
     assert not [n for n in after if "clusterrole.rbac.authorization.k8s.io/" in n and n.endswith("-operator")]
-    assert cluster.kubectl("get", "serviceaccount", "pdpair-agent", "-n", other, check=False).returncode != 0
 
     helm("uninstall", release, f"--namespace={ns}", "--timeout=120s", env=helm_env, timeout=180)
     crd_only = ["customresourcedefinition.apiextensions.k8s.io/pdpairs.pdpair.io"]
@@ -124,17 +134,6 @@ def test_install_upgrade_uninstall_leave_no_orphans(cluster: Cluster, helm_env: 
 
 
 # ---- the operator under the chart's RBAC -------------------------------------------------------
-
-def sa_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig holding only a TokenRequest token for ``account``: the API server authorizes
-    every request by the chart's RBAC (no client certificate, no impersonation rights needed)."""
-    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
-    config = yaml.safe_load(cluster.kubectl("config", "view", "--raw", "--minify", "--flatten").stdout)
-    config["users"] = [{"name": account, "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = account
-    path.write_text(yaml.safe_dump(config))
-    return path
-
 
 @pytest.fixture
 def chart_release(cluster: Cluster, helm_env: dict[str, str]) -> Iterator[tuple[str, str]]:
@@ -157,7 +156,8 @@ def _children(cluster: Cluster, ns: str, name: str) -> dict[str, int]:
 def _run_operator(cluster: Cluster, tmp_path: Path, release: str, ns: str, name: str,
                   done: Callable[[], Any], timeout: float) -> tuple[Operator, Any]:
     kubeconfig = sa_kubeconfig(cluster, ns, f"{release}-pdpair-operator", tmp_path / "sa.kubeconfig")
-    operator = Operator(kubeconfig, ns, tmp_path / "operator.log")
+    operator = Operator(kubeconfig, ns, tmp_path / "operator.log",
+                        f"--agent-cluster-role={release}-pdpair-agent")
     try:
         cluster.apply([pdpair(name, ns)])
         try:
@@ -189,7 +189,9 @@ def test_operator_reconciles_as_the_chart_service_account(
     assert result, f"not reconciled under the chart's RBAC; operator log:\n{log[-4000:]}"
     assert "forbidden" not in log.lower(), log[-4000:]
     pods = cluster.kubectl_json("get", "pods", "-n", ns, "-l", "pdpair.io/name=demo")["items"]
-    assert {p["spec"].get("serviceAccountName") for p in pods} == {"pdpair-agent"}
+    assert {p["spec"].get("serviceAccountName") for p in pods} == {"demo-agent"}
+    binding = cluster.kubectl_json("get", "rolebinding", "demo-agent", "-n", ns)
+    assert binding["roleRef"]["name"] == f"{release}-pdpair-agent", binding
 
 
 def test_removing_one_rule_breaks_reconciliation(
@@ -229,11 +231,12 @@ def test_removing_one_rule_breaks_reconciliation(
 
 # ---- the operator's own end-to-end suite under the chart's RBAC -----------------------------------
 
-def run_suite(cluster: Cluster, kubeconfig: Path, basetemp: Path, *args: str,
+def run_suite(cluster: Cluster, kubeconfig: Path, agent_role: str, basetemp: Path, *args: str,
               ) -> subprocess.CompletedProcess[str]:
-    """tests/e2e/test_operator_e2e.py on this cluster, its operator authenticated by ``kubeconfig``."""
+    """tests/e2e/test_operator_e2e.py on this cluster, its operator authenticated by ``kubeconfig`` and
+    binding the agents to ``agent_role`` (the release's)."""
     env = {**os.environ, "PDPAIR_TEST_KUBECONFIG": str(cluster.kubeconfig),
-           "PDPAIR_OPERATOR_KUBECONFIG": str(kubeconfig)}
+           "PDPAIR_OPERATOR_KUBECONFIG": str(kubeconfig), "PDPAIR_OPERATOR_AGENT_ROLE": agent_role}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}", *args]
     return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
 
@@ -258,8 +261,8 @@ def test_operator_e2e_suite_passes_under_the_chart_rbac(
         cluster: Cluster, cluster_wide_release: tuple[str, Path], tmp_path: Path) -> None:
     """The whole suite passes with the operator authenticated as the chart's ServiceAccount, and not one
     RBAC refusal appears in any of its operator logs."""
-    _, kubeconfig = cluster_wide_release
-    proc = run_suite(cluster, kubeconfig, tmp_path / "run1", str(SUITE))
+    release, kubeconfig = cluster_wide_release
+    proc = run_suite(cluster, kubeconfig, f"{release}-pdpair-agent", tmp_path / "run1", str(SUITE))
     assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert not rbac_denials(tmp_path), rbac_denials(tmp_path)[:5]
 
@@ -273,7 +276,7 @@ def test_operator_e2e_fails_without_the_pods_rule(
     index = next(i for i, r in enumerate(rules) if r["resources"] == ["pods"])
     cluster.kubectl("patch", "clusterrole", role, "--type=json",
                     f"--patch={json.dumps([{'op': 'remove', 'path': f'/rules/{index}'}])}")
-    proc = run_suite(cluster, kubeconfig, tmp_path / "run", str(SUITE), "-x",
+    proc = run_suite(cluster, kubeconfig, f"{release}-pdpair-agent", tmp_path / "run", str(SUITE), "-x",
                      "-k", "test_example_creates_owned_children_and_pods_run")
     assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-6000:]
     assert any('cannot list resource "pods"' in line for line in rbac_denials(tmp_path))

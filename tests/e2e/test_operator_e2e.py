@@ -26,6 +26,7 @@ from operator_support import (
     pdpair,
     pdpair_yaml,
     pods,
+    publish_bootstrap_addresses,
     running_operator,
     wait_for,
 )
@@ -350,22 +351,6 @@ def test_unallocatable_claim_surfaces_the_schedulers_reason(cluster: Cluster, ns
 
 
 # ---- real agents through the local pod runner ---------------------------------------------------------
-def _publish_bootstrap_addresses(cluster: Cluster, runner: Any, ns: str, hosts: Path) -> None:
-    """The test's cluster DNS: each bootstrap Service's name → the loopback address the runner gave the
-    Running pod its selector picks, resolved from the API by pod UID (never a cluster IP)."""
-    local = {p.uid: p.address for p in list(runner.pods.values()) if not p.stopped}
-    mapping: dict[str, str] = {}
-    for svc in get(cluster, "services", ns, "-l", "pdpair.io/child=bootstrap")["items"]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(svc["spec"]["selector"].items()))
-        for pod in get(cluster, "pods", ns, "-l", selector)["items"]:
-            uid = pod["metadata"]["uid"]
-            if uid in local and not pod["metadata"].get("deletionTimestamp"):
-                mapping[f"{svc['metadata']['name']}.{ns}.svc"] = local[uid]
-    tmp = hosts.with_suffix(".tmp")
-    tmp.write_text(json.dumps(mapping))
-    tmp.replace(hosts)
-
-
 def _agent_status(address: str, port: int = 9400) -> dict[str, Any]:
     import urllib.request
 
@@ -397,13 +382,13 @@ def _real_agents(cluster: Cluster, ns: str, tmp_path: Path, manifest: str) -> It
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifest)
     stop = threading.Event()
     with PodRunner(cluster, ns, {"pdpair-agent": shim}, selector="pdpair.io/name=pure-kv",
-                   extra_env={"KUBECONFIG": str(cluster.kubeconfig)}, workdir=tmp_path / "pods") as runner:
+                   workdir=tmp_path / "pods") as runner:
         runner.watch(interval=0.3)
 
         def publish() -> None:
             while not stop.wait(0.3):
                 try:
-                    _publish_bootstrap_addresses(cluster, runner, ns, hosts)
+                    publish_bootstrap_addresses(cluster, runner, ns, hosts)
                 except Exception as exc:  # a busy API server or a pod mid-start: the next round retries
                     print(f"publishing bootstrap addresses: {exc}", file=sys.stderr)
 
@@ -492,3 +477,30 @@ def _incompatible_decode_is_refused(cluster: Cluster, runner: Any, ns: str) -> N
     assert condition(obj, "Ready")["status"] == "False" and condition(obj, "Degraded")["status"] == "True"
     events = get(cluster, "events", ns, "--field-selector", "involvedObject.name=pure-kv")["items"]
     assert any(e["reason"] == "TransferReadyFalse" and e["type"] == "Warning" for e in events), events
+
+
+def test_agents_without_the_right_to_report_fail_at_once_by_name(cluster: Cluster, ns: str,
+                                                                 tmp_path: Path) -> None:
+    """``spec.serviceAccountName`` names an account with no RBAC: each real agent, holding only that
+    account's token, exits at start with one line that names the account and the missing right; no pod
+    reports TransferReady, so the PDPair never turns Ready."""
+    from operator_support import REPO
+
+    from devcluster import PodRunner
+
+    cluster.kubectl("create", "serviceaccount", "no-rights", "-n", ns)
+    apply(cluster, ns, pdpair_yaml("norights", 1, 1, serviceAccountName="no-rights"))
+    agent = [str(REPO / ".venv" / "bin" / "pdpair-agent")]
+    with PodRunner(cluster, ns, {"pdpair-agent": agent}, selector="pdpair.io/name=norights",
+                   workdir=tmp_path / "pods") as runner:
+        local = runner.wait_for_pods(2, timeout=90)
+        assert all(p.tokens == [f"system:serviceaccount:{ns}:no-rights"] for p in local)
+        wait_for("both agents exited", lambda: not any(p.alive() for p in local), timeout=60)
+        for p in local:
+            assert p.returncodes() == {"agent": 2}, runner.logs(p.name)
+            errors = [ln for ln in runner.logs(p.name).splitlines() if ln.startswith("pdpair-agent: error:")]
+            why = f"system:serviceaccount:{ns}:no-rights may not patch pods/status of {ns}/{p.name}"
+            assert len(errors) == 1 and why in errors[0], runner.logs(p.name)
+    assert not [q for q in pods(cluster, ns, "norights") if condition(q, "pdpair.io/TransferReady")]
+    assert condition(pdpair(cluster, ns, "norights"), "Ready").get("status") != "True"
+    assert cluster.kubectl("get", "serviceaccount", "norights-agent", "-n", ns, check=False).returncode != 0

@@ -24,6 +24,7 @@ OPERATOR_RULES = {
     ("resource.k8s.io", "resourceclaimtemplates"): {"create", "delete", "list", "watch"},
     ("", "secrets"): {"create", "list", "watch"},
     ("networking.k8s.io", "networkpolicies"): {"create", "delete", "list", "watch", "patch"},
+    ("rbac.authorization.k8s.io", "clusterroles"): {"bind"},
     ("", "events"): {"create", "patch"},
     ("apps", "deployments"): {"create", "delete", "list", "watch", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "delete", "list", "watch", "patch"},
@@ -36,7 +37,7 @@ KOPF_CLUSTER_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"l
 AGENT_RULES = {("", "pods"): {"get"}, ("", "pods/status"): {"get", "patch"}}
 VARIANTS = {
     "default": {},
-    "all-namespaces": {"operator.allNamespaces": "true", "agent.namespaces": "{team-a,team-b}"},
+    "all-namespaces": {"operator.allNamespaces": "true"},
     "everything-on": {"metrics.serviceMonitor.enabled": "true", "metrics.podMonitor.enabled": "true",
                       "networkPolicy.enabled": "true", "networkPolicy.pdpairs": "{demo}",
                       "networkPolicy.apiServerCIDRs": "{10.0.0.1/32}"},
@@ -116,15 +117,20 @@ def test_all_namespaces_uses_a_cluster_role() -> None:
     assert rules(cluster) == KOPF_CLUSTER_RULES
     (deploy,) = find(objects, "Deployment")
     assert "--all-namespaces" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
-    agent_roles = find(objects, "Role", "pdp-pdpair-agent")
-    assert sorted(r["metadata"]["namespace"] for r in agent_roles) == ["team-a", "team-b"]
-    assert sorted(s["metadata"]["namespace"] for s in find(objects, "ServiceAccount", "pdpair-agent")) == [
-        "team-a", "team-b"]
+    assert rules(find(objects, "ClusterRole", "pdp-pdpair-agent")[0]) == AGENT_RULES
 
 
 def test_agent_role_only_reads_pods_and_patches_pod_status() -> None:
-    (role,) = find(template(), "Role", "pdp-pdpair-agent")
+    """One ClusterRole that the operator binds each PDPair's agent ServiceAccount to, and may bind
+    (``bind`` on it by name) without holding its rights; no agent ServiceAccount in the chart."""
+    objects = template()
+    (role,) = find(objects, "ClusterRole", "pdp-pdpair-agent")
     assert rules(role) == AGENT_RULES
+    (operator,) = find(objects, "Role", "pdp-pdpair-operator")
+    (bind,) = [r for r in operator["rules"] if r["verbs"] == ["bind"]]
+    assert bind["resources"] == ["clusterroles"] and bind["resourceNames"] == ["pdp-pdpair-agent"]
+    assert [s["metadata"]["name"] for s in find(objects, "ServiceAccount")] == ["pdp-pdpair-operator"]
+    assert not find(objects, "RoleBinding", "pdp-pdpair-agent")
 
 
 def test_operator_deployment_is_single_standalone_and_non_root() -> None:
@@ -135,7 +141,8 @@ def test_operator_deployment_is_single_standalone_and_non_root() -> None:
     assert pod["serviceAccountName"] == "pdp-pdpair-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
     (container,) = pod["containers"]
-    assert container["args"] == ["--namespace=pdpair-system", "--standalone", "--metrics-port=8080",
+    assert container["args"] == ["--namespace=pdpair-system", "--standalone",
+                                 "--agent-cluster-role=pdp-pdpair-agent", "--metrics-port=8080",
                                  "--metrics-address=$(POD_IP)", "--liveness=http://$(POD_IP):8081/healthz",
                                  "--log-format=json", '--metrics-scraper={"namespaceSelector":{},'
                                  '"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}}']

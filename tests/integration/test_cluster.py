@@ -292,3 +292,75 @@ def _check_agent(cluster: Cluster, runner: PodRunner, namespace: str, name: str)
     assert info["GREETING"] == "hello"
     assert info["token"] == "s3cret"
     assert info["config"] == {"role": "prefill"}
+
+
+WHOAMI = textwrap.dedent(
+    """
+    import base64, json, os, ssl, sys, urllib.request
+    directory = sys.argv[1]
+    token = open(f"{directory}/token").read()
+    context = ssl.create_default_context(cafile=f"{directory}/ca.crt")
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+    body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}).encode()
+    request = urllib.request.Request(
+        f"https://{host}:{port}/apis/authentication.k8s.io/v1/selfsubjectreviews", data=body, method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    with opener.open(request, timeout=10) as resp:
+        user = json.loads(resp.read())["status"]["userInfo"]
+    claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+    print("WHOAMI", json.dumps({"user": user["username"], "claims": claims,
+                                "namespace": open(f"{directory}/namespace").read()}), flush=True)
+    """
+)
+
+
+def test_podrunner_authenticates_pods_as_their_own_service_account(cluster: Cluster, namespace: str) -> None:
+    """A projected token volume gets a TokenRequest token of the pod's ServiceAccount, bound to the pod,
+    and the container reaches the API server through KUBERNETES_SERVICE_HOST/PORT as that account."""
+    directory = "/var/run/secrets/tokens"
+    cluster.apply([{"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": "reporter", "namespace": namespace},
+                    "automountServiceAccountToken": False},
+                   {"apiVersion": "v1", "kind": "ConfigMap", "data": {"whoami.py": WHOAMI},
+                    "metadata": {"name": "whoami", "namespace": namespace}}])
+    pod = _pod("whoami", namespace, command=["python3", "/opt/whoami/whoami.py", directory],
+               volumeMounts=[{"name": "code", "mountPath": "/opt/whoami"},
+                             {"name": "api", "mountPath": directory, "readOnly": True}])
+    pod["spec"].update(serviceAccountName="reporter", automountServiceAccountToken=False, volumes=[
+        {"name": "code", "configMap": {"name": "whoami"}},
+        {"name": "api", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace",
+                                        "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}])
+    cluster.apply([pod])
+    commands = {"python3": [sys.executable]}
+    with PodRunner(cluster, namespace, commands, selector="app=devcluster-test") as runner:
+        runner.wait_for_pods(1, timeout=60)
+        assert wait_until(lambda: "WHOAMI" in runner.logs("whoami"), timeout=30, interval=0.2), \
+            runner.logs("whoami")
+        seen = json.loads(runner.logs("whoami").split("WHOAMI", 1)[1])
+        uid = cluster.kubectl_json("get", "pod", "whoami", "-n", namespace)["metadata"]["uid"]
+        assert seen["user"] == f"system:serviceaccount:{namespace}:reporter", seen
+        assert seen["claims"]["kubernetes.io"]["pod"] == {"name": "whoami", "uid": uid}, seen["claims"]
+        assert seen["namespace"] == namespace
+        assert runner.pod("whoami").tokens == [f"system:serviceaccount:{namespace}:reporter"]
+
+
+def test_podrunner_starts_no_pod_whose_service_account_is_missing(cluster: Cluster, namespace: str) -> None:
+    """No token, no start (the kubelet cannot mount the volume either): the reason is kept, by pod."""
+    pod = _pod("orphan", namespace, command=["python3", "-c", "print('STARTED')"],
+               volumeMounts=[{"name": "api", "mountPath": "/var/run/secrets/tokens"}])
+    pod["spec"].update(serviceAccountName="gone", volumes=[{"name": "api", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}])
+    cluster.kubectl("create", "serviceaccount", "gone", "-n", namespace)
+    cluster.apply([pod])
+    cluster.kubectl("delete", "serviceaccount", "gone", "-n", namespace)
+    commands = {"python3": [sys.executable]}
+    with PodRunner(cluster, namespace, commands, selector="app=devcluster-test") as runner:
+        why = rf"TokenRequest for ServiceAccount {namespace}/gone of pod orphan"
+        with pytest.raises(TimeoutError, match=why):
+            runner.wait_for_pods(1, timeout=10)
+        assert runner.pods == {}

@@ -262,3 +262,21 @@ def test_operator_flag_out_of_range_is_one_line(argv: list[str], words: list[str
     line = one_line_error(OPERATOR + argv)
     for word in words:
         assert word in line, line
+
+
+@pytest.mark.parametrize(("service_env", "words"), [
+    ({}, ["Service host/port is not set"]),
+    ({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
+     ["Service token file does not exist", "projected token volume"]),
+])
+def test_agent_run_without_a_service_account_token_is_one_line(
+        tmp_path: Path, service_env: dict[str, str], words: list[str]) -> None:
+    """An agent told to report as its pod's ServiceAccount, without a usable token, stops at once: it
+    never falls back to another identity and never runs without reporting."""
+    config = tmp_path / "agent.yaml"
+    config.write_text("identity:\n  namespace: ns\n  podName: pod-0\n")
+    env = {k: v for k, v in ENV.items() if not k.startswith("KUBERNETES_")} | service_env
+    line = one_line_error([*AGENT, "run", "--role", "prefill", "--config", str(config),
+                           "--service-account-dir", str(tmp_path / "none")], env=env)
+    for word in ["--service-account-dir", str(tmp_path / "none"), *words]:
+        assert word in line, line

@@ -51,7 +51,7 @@ def test_burst_of_kicks_costs_few_serial_passes() -> None:
     ex = asyncio.run(run())
     assert 1 <= len(ex.plans) <= 2
     assert ex.max_active == 1
-    assert len(ex.plans[0].creates) == 8
+    assert len(ex.plans[0].creates) == 10
 
 
 def test_deleted_pdpair_is_forgotten_without_api_calls() -> None:

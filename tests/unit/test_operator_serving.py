@@ -57,6 +57,8 @@ def test_sglang_engine_runs_launch_server_with_the_pdpair_backend_and_the_role_s
     env = {e["name"]: e["value"] for e in eng["env"]}
     assert env["HF_HOME"].startswith(serving.CACHE_DIR) and env["HOME"] == serving.CACHE_DIR
     assert {"name": "engine-cache", "mountPath": serving.CACHE_DIR} in eng["volumeMounts"]
+    assert eng["securityContext"]["readOnlyRootFilesystem"] is True
+    assert eng["securityContext"]["runAsNonRoot"] is True
     # The agent beside it serves the engine over the local API.
     cfg = render.agent_config_for(owner, gen, "prefill")
     assert cfg.localapi.engine.mode == "external"

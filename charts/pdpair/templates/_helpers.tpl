@@ -39,23 +39,14 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{/* A stable name (not release-prefixed): every PDPair names it in spec.serviceAccountName. */}}
-{{- define "pdpair.agentServiceAccountName" -}}
-{{- default "pdpair-agent" .Values.agent.serviceAccount.name -}}
+{{/* The agents' ClusterRole; the operator binds each PDPair's agent ServiceAccount to it. */}}
+{{- define "pdpair.agentClusterRole" -}}
+{{- printf "%s-agent" (include "pdpair.fullname" .) -}}
 {{- end -}}
 
 {{/* The namespace whose PDPairs the operator reconciles (ignored with operator.allNamespaces). */}}
 {{- define "pdpair.watchNamespace" -}}
 {{- default .Release.Namespace .Values.operator.watchNamespace -}}
-{{- end -}}
-
-{{/* The agent namespaces as a JSON list: agent.namespaces, else the watch namespace. */}}
-{{- define "pdpair.agentNamespaces" -}}
-{{- if .Values.agent.namespaces -}}
-{{- .Values.agent.namespaces | uniq | toJson -}}
-{{- else -}}
-{{- list (include "pdpair.watchNamespace" .) | toJson -}}
-{{- end -}}
 {{- end -}}
 
 {{/* The CRDs shipped under files/crds/ (copies of the repository's crds/), parsed. */}}
