@@ -49,6 +49,10 @@ REGISTRY = "registry.invalid/pdpair"
 NAMESPACE = "pdpair-system"
 RELEASE = "pdpair"
 KWOK_USER = "kwok-controller"
+CONTROL_PLANE = {KWOK_USER, "system:kube-scheduler",
+                 "system:serviceaccount:kube-system:resource-claim-controller"}
+"""Who else writes a pod's status: kwok as its kubelet, the scheduler (PodScheduled), and with DRA the
+claim controller (resourceClaimStatuses)."""
 """kwok's client identity (devcluster/pki.py): it patches the pods' own status as a kubelet would."""
 NOT_READY_HERE = {
     "deepseek-v32-mori.yaml": (
@@ -272,10 +276,10 @@ def _check(cluster: Cluster, runner: PodRunner, operator: ChartOperator, get: li
         # every report came from the agents' own account; an agent that exits before its first report
         # (NOT_READY_HERE) sent none
         if example in NO_ENGINE_HERE:  # an agent waiting for its engine may report not ready, or not yet
-            assert all(u - {KWOK_USER} <= {account} for u in users.values()), users
+            assert all(u - CONTROL_PLANE <= {account} for u in users.values()), users
         else:
             expected = {account} if failure is None else set()
-            assert all(u - {KWOK_USER} == expected for u in users.values()), users
+            assert all(u - CONTROL_PLANE == expected for u in users.values()), users
 
 
 def _check_identity(runner: PodRunner, pod: dict[str, Any], name: str, account: str) -> None:

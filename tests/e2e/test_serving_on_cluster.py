@@ -56,6 +56,11 @@ def test_every_example_with_sglang_passes_server_side_dry_run(cluster: Cluster, 
     assert "(server dry run)" in out
     owner = owner_from_body({**doc, "metadata": {**doc["metadata"], "namespace": ns, "uid": "u-1"}})
     gen = generation_hash(owner.spec)
+    # The agents' ServiceAccount must exist for the pods' admission (the operator makes it first).
+    identity = [dict(o) for o in render.build_agent_identity(owner, "pdpair-agent")]
+    for obj in identity:
+        obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "ownerReferences"}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(identity))
     objects = [render.build_pod(owner, gen, role, 0) for role in ("prefill", "decode")]
     objects += render.build_router_children(owner, gen, network_policy=True)
     for obj in objects:
