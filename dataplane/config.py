@@ -19,6 +19,7 @@ Role = Literal["prefill", "decode"]
 Backend = Literal["nixl", "mori", "cuda-ipc"]
 FORMAT_VERSION = 1
 MIN_KEY_BYTES = 32
+MAX_RANKS = 64
 
 
 class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -59,6 +60,9 @@ class ModelConfig(_Base, frozen=True):
 class RoleConfig(_Base, frozen=True):
     replicas: int = 1
     tp_size: int = 1
+    """The engine's TP size: its scheduler processes (ranks) per pod, all served by the pod's agent."""
+    dp_size: int = 1
+    """DP attention (decode): the attention TP group of a rank is ``tpSize / dpSize`` ranks wide."""
 
 
 class MoriConfig(_Base, frozen=True):
@@ -285,6 +289,44 @@ class AgentConfig(_Base, frozen=True):
     @property
     def tp_size(self) -> int:
         return self.prefill.tp_size if self.role == "prefill" else self.decode.tp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.prefill.dp_size if self.role == "prefill" else self.decode.dp_size
+
+    def check_ranks(self) -> None:
+        """The role's TP and DP sizes are ones an agent can serve (``BadInput`` naming the fix)."""
+        role = self.prefill if self.role == "prefill" else self.decode
+        where = f"{self.role}.tpSize {role.tp_size} / {self.role}.dpSize {role.dp_size}"
+        if not 1 <= role.tp_size <= MAX_RANKS or role.tp_size & (role.tp_size - 1):
+            raise BadInput(f"{where}: tpSize must be a power of two from 1 to {MAX_RANKS}")
+        if role.dp_size < 1 or role.tp_size % role.dp_size:
+            raise BadInput(f"{where}: dpSize must divide tpSize")
+        if self.role == "prefill" and role.dp_size != 1:
+            raise BadInput(f"{where}: DP attention is served on decode only; set prefill.dpSize 1")
+        if not 0 <= self.tp_rank < role.tp_size:
+            raise BadInput(f"tpRank {self.tp_rank} outside {self.role}.tpSize {role.tp_size}")
+
+    def for_rank(self, rank: int) -> AgentConfig:
+        """The config of one rank of this pod: ``tp_rank`` set, fixed control and lane ports moved up
+        by the rank (0, any free port, stays 0), so a pod's ranks use ``port .. port + tpSize - 1``."""
+        listen = self.listen
+        listen = msgspec.structs.replace(
+            listen,
+            control_port=listen.control_port + rank if listen.control_port else 0,
+            lane_port=listen.lane_port + rank if listen.lane_port else 0,
+        )
+        return msgspec.structs.replace(self, tp_rank=rank, listen=listen)
+
+    def attention_view(self) -> AgentConfig:
+        """The config as the schema sees its rank: TP size and rank of the attention group (DP
+        attention splits the KV heads over ``tpSize / dpSize`` ranks, sglang's ``attn_tp_size``)."""
+        if self.dp_size == 1:
+            return self
+        attn = self.tp_size // self.dp_size
+        field = "prefill" if self.role == "prefill" else "decode"
+        group = msgspec.structs.replace(getattr(self, field), tp_size=attn, dp_size=1)
+        return msgspec.structs.replace(self, tp_rank=self.tp_rank % attn, **{field: group})
 
     def with_engine(self, **changes: Any) -> AgentConfig:
         """This config with ``localapi.engine``'s fields in ``changes`` replaced, the others kept."""

@@ -1,8 +1,10 @@
 """The prefill bootstrap endpoint: how decode finds prefill's ranks (like sglang's bootstrap server).
 
-Prefill rank 0 serves ``GET /topology``: the prefill TP size, every rank's ZMQ control address and
-process instance, the generation and a manifest summary. Ranks above 0 announce themselves with
-``PUT /ranks`` (and re-announce every heartbeat interval, so a restarted rank 0 re-learns them).
+The prefill pod's agent serves ``GET /topology``: the prefill TP size, every rank's ZMQ control
+address and process instance, the generation and a manifest summary. The ranks it runs itself are
+listed directly (``add`` / ``remove``); a rank run by another agent process (``pdpair-agent run
+--tp-rank R``) announces itself with ``PUT /ranks`` and re-announces every heartbeat interval, so a
+restarted rank 0 re-learns it.
 
 Each process gets a fresh ``instance`` id when it starts: decode compares instances to notice a prefill
 replaced behind the same bootstrap address (the sglang PR #34289 failure) and re-handshakes.
@@ -69,7 +71,7 @@ _topology_decoder = msgspec.json.Decoder(Topology)
 
 
 class BootstrapRegistry:
-    """Rank 0's view of the prefill ranks; serves ``/topology`` and accepts ``PUT /ranks``."""
+    """The pod's view of the prefill ranks; serves ``/topology`` and accepts ``PUT /ranks``."""
 
     def __init__(self, me: RankInfo, tp_size: int, model: str, components: tuple[tuple[str, str], ...]):
         self._me, self._tp_size, self._model, self._components = me, tp_size, model, components
@@ -83,6 +85,19 @@ class BootstrapRegistry:
         return Topology(
             me.agent, me.instance, me.generation, self._model, self._tp_size, ranks, self._components
         )
+
+    def add(self, info: RankInfo) -> None:
+        """A rank this process runs (any rank of the TP group)."""
+        if not 0 <= info.rank < self._tp_size:
+            raise WireFormatError(f"rank {info.rank} out of range 0..{self._tp_size - 1}")
+        with self._lock:
+            self._ranks[info.rank] = info
+
+    def remove(self, rank: int) -> bool:
+        """Forget ``rank`` (its engine went away); whether any rank is left."""
+        with self._lock:
+            self._ranks.pop(rank, None)
+            return bool(self._ranks)
 
     def announce(self, info: RankInfo) -> None:
         if not 0 < info.rank < self._tp_size:

@@ -139,7 +139,7 @@ class DecodeWorker(RoleWorker):
             dst_state_mem_descs=tuple(state),
             gpu_id=self.cfg.transfer.gpu_id,
             decode_tp_size=sch.tp_size,
-            decode_tp_rank=sch.tp_rank,
+            decode_tp_rank=self.cfg.tp_rank,  # the engine rank, as sglang sends it (DP attention: >= size)
             dst_kv_item_len=sch.kv.item_len,
             dst_state_item_lens=tuple(tuple(x) for x in sch.state_item_lens),
             dst_state_dim_per_tensor=tuple(tuple(x) for x in sch.state_dim_per_tensor),

@@ -130,9 +130,10 @@ def with_pairing_key(cfg: AgentConfig, directory: Path | None = None) -> AgentCo
 class AgentProcess:
     def __init__(
         self, cfg: AgentConfig, workdir: Path, tag: str, env: dict[str, str] | None = None, *,
-        keyless: bool = False,
+        keyless: bool = False, one_rank: bool = False,
     ):
-        """``keyless``: start it without a pairing key (a plain peer) instead of ``workdir``'s."""
+        """``keyless``: start it without a pairing key (a plain peer) instead of ``workdir``'s;
+        ``one_rank``: serve ``cfg.tp_rank`` alone (``--tp-rank``), not every rank of the role."""
         cfg = cfg if keyless else with_pairing_key(cfg, workdir)
         self.cfg, self.tag = cfg, tag
         self.config_path = workdir / f"{tag}.json"
@@ -153,6 +154,7 @@ class AgentProcess:
             str(self.ready_path),
             "--log-format",
             "json",
+            *(("--tp-rank", str(cfg.tp_rank)) if one_rank else ()),
         ]
         child_env = {**os.environ, **(env or {})}
         self.compiled = compiled_child(cmd, child_env)

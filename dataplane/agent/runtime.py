@@ -7,6 +7,11 @@ run ``backend: mori`` through ``dataplane.transports.mori_double``, the MoRI har
 without patching anything), a wrapper around the transport (``wrap_transport``: the fault matrix's
 injected faults) and a pod-condition reporter. ``start`` returns once every listener is bound;
 ``ports`` then says where (ports 0 in the config pick free ones).
+
+One runtime is one TP rank. Started on its own (``start()``) it is a whole agent: its own HTTP
+endpoints, and on prefill rank 0 the bootstrap endpoint (ranks above 0 announce themselves to it).
+As a rank of a pod (``start(serve=False)``) it runs only its worker, and ``agent.pod.PodAgent``
+serves the endpoints of all the pod's ranks.
 """
 
 from __future__ import annotations
@@ -83,9 +88,10 @@ class AgentRuntime:
         self.key = cfg.auth.read_key()
         """The PDPair's pairing key (None: none configured): signs and checks the HTTP requests."""
         self.instance = uuid.uuid4().hex[:12]
-        self.name = cfg.identity.pod_name or f"{cfg.role}-{cfg.tp_rank}"
+        pod = cfg.identity.pod_name
+        self.name = f"{pod}-r{cfg.tp_rank}" if pod and cfg.tp_size > 1 else pod or f"{cfg.role}-{cfg.tp_rank}"
         self.agent_id = f"{self.name}@{self.instance}"
-        self.schema = schema or (pools.schema if pools else schema_from_config(cfg))
+        self.schema = schema or (pools.schema if pools else schema_from_config(cfg.attention_view()))
         self.pools = pools or MemoryPools.allocate(
             self.schema, cfg.transfer.device, cfg.transfer.gpu_id, arena=staging_enabled(cfg),
             prefault=cfg.model.prefault,
@@ -139,7 +145,8 @@ class AgentRuntime:
             staging=self.staging,
         )
 
-    def _rank_info(self) -> RankInfo:
+    def rank_info(self) -> RankInfo:
+        """This rank as the bootstrap endpoint lists it."""
         return RankInfo(
             self.cfg.tp_rank,
             self.cfg.listen.host,
@@ -149,7 +156,15 @@ class AgentRuntime:
             self.cfg.identity.generation,
         )
 
-    def start(self) -> AgentRuntime:
+    def start(self, *, serve: bool = True) -> AgentRuntime:
+        """Start the worker and, with ``serve``, this rank's own HTTP endpoints (a pod's rank: off)."""
+        if serve:
+            self._serve()
+        self.worker.start(self.stop_event)
+        log.info("agent %s (%s) up: %s", self.agent_id, self.cfg.role, json.dumps(self.ports))
+        return self
+
+    def _serve(self) -> None:
         listen = self.cfg.listen
         health = self.status.routes(self.metrics.exposition, CONTENT_TYPE)
         verifier = Verifier(self.key) if self.key is not None else None
@@ -159,7 +174,7 @@ class AgentRuntime:
         if self.cfg.role == "prefill" and self.cfg.tp_rank == 0:
             comps = tuple((c.name, c.state_type) for c in self.schema.components)
             self.registry = BootstrapRegistry(
-                self._rank_info(), self.schema.tp_size, self.schema.model, comps
+                self.rank_info(), self.schema.tp_size, self.schema.model, comps
             )
             routes = {**health, **self.registry.routes(plain_peers=self.cfg.auth.allow_plain_peers)}
             self.servers.append(
@@ -167,13 +182,10 @@ class AgentRuntime:
             )
         elif self.cfg.role == "prefill":
             threading.Thread(target=self._announce, name="pdpair-announce", daemon=True).start()
-        self.worker.start(self.stop_event)
-        log.info("agent %s (%s) up: %s", self.agent_id, self.cfg.role, json.dumps(self.ports))
-        return self
 
     def _announce(self) -> None:
         """Prefill ranks above 0 (re-)announce themselves to rank 0's bootstrap endpoint."""
-        peer, info = self.cfg.peer, self._rank_info()
+        peer, info = self.cfg.peer, self.rank_info()
         while not self.stop_event.is_set():
             try:
                 announce_rank(peer.bootstrap_host, peer.bootstrap_port, info, key=self.key)
@@ -191,6 +203,7 @@ class AgentRuntime:
             "agent": self.agent_id,
             "pid": os.getpid(),
             "host": self.cfg.listen.host,
+            "tp_rank": self.cfg.tp_rank,
         }
         if len(self.servers) > 1:
             out["bootstrap_port"] = self.servers[1].port

@@ -1,9 +1,10 @@
 """sglang 0.5.23's own helper functions, loaded for side-by-side comparison — never vendored.
 
 The wheel is fetched at benchmark time with ``pip download sglang==0.5.23 --no-deps`` into a cache
-directory; only the named top-level functions and classes (and two methods of ``MoriKVManager``) are
+directory; only the named top-level functions and classes (and a few methods of ``MoriKVManager``) are
 cut out of their modules' source with ``ast`` and executed in a namespace that provides numpy, struct
-and msgspec. sglang's modules import torch and half of the serving stack, so they are never imported.
+and msgspec. sglang's modules import torch and half of the serving stack, so they are never imported:
+a cut function's own ``from sglang… import`` lines are dropped, the names they import being cut too.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ NEEDED: dict[str, tuple[str, ...]] = {
         "GroupedIndexPlan",
         "BatchTransferPlan",
         "TPSliceConfig",
+        "MoriKVManager._build_tp_slice_config",
         "MoriKVManager._build_tp_slice_transfer_plan",
+        "MoriKVManager._send_mamba_state",
         "MoriKVManager.build_receiver_registration_message",
         "MoriKVManager.build_receiver_metadata_message",
     ),
@@ -119,8 +122,26 @@ def _pick(tree: ast.Module, names: tuple[str, ...], source: str) -> list[ast.stm
             node = next((m for m in node.body if isinstance(m, ast.FunctionDef) and m.name == method), None)
         if node is None:
             raise ReferenceUnavailable(f"{source} has no {name}")
-        out.append(node)
+        out.append(_without_sglang_imports(node))
     return out
+
+
+def _without_sglang_imports(node: ast.stmt) -> ast.stmt:
+    """A function without its local ``from sglang… import`` lines (the names come from the namespace)."""
+    if isinstance(node, ast.FunctionDef):
+        node.body = [
+            s
+            for s in node.body
+            if not (isinstance(s, ast.ImportFrom) and (s.module or "").startswith("sglang"))
+        ]
+    return node
+
+
+class _Logger(logging.LoggerAdapter):
+    """sglang's logger: the standard one plus the ``warning_once`` sglang patches onto it."""
+
+    def warning_once(self, msg: str, *args: object) -> None:
+        self.warning(msg, *args)
 
 
 def load(cache_dir: Path = DEFAULT_CACHE) -> types.ModuleType:
@@ -133,7 +154,7 @@ def load(cache_dir: Path = DEFAULT_CACHE) -> types.ModuleType:
         struct=struct,
         msgspec=msgspec,
         dataclasses=dataclasses,
-        logger=logging.getLogger("sglang"),
+        logger=_Logger(logging.getLogger("sglang"), {}),
         MORI_GUARD=b"MoriMsgGuard",
         MemoryDesc=_OpaqueDesc,
         EngineDesc=_OpaqueDesc,

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from ..errors import SchemaError, WireFormatError
-from ..schema import RoleSchema, state_type
+from ..schema import RoleSchema, canonical_state_type, state_type
 
 MANIFEST_MAGIC = b"PDPM"
 MANIFEST_VERSION = 1
@@ -32,16 +32,28 @@ class KVSummary(msgspec.Struct, frozen=True):
     layout: Literal["mha", "mla"]
     num_layers: NonNeg
     """Number of KV buffers (sglang's ``kv_layer_ids`` count; K and V count separately for MHA)."""
+    layer_ids: tuple[NonNeg, ...] = ()
+    """Each KV buffer's layer id (empty: not told)."""
 
 
 class ComponentSummary(msgspec.Struct, frozen=True):
     name: Name
     state_type: Name
+    """Stored under its current name: sglang's older ``nsa`` arrives as ``dsa``."""
     dtype: Name
     item_lens: tuple[Positive, ...]
     tp_dims: tuple[NonNeg, ...]
     """Per tensor, the size on this rank of the dimension TP splits; 0 = replicated."""
     num_items: Positive
+    layer_ids: tuple[NonNeg, ...] = ()
+    """Per tensor, its layer id (empty: not told)."""
+    outer_counts: tuple[Positive, ...] = ()
+    """Per tensor, the leading blocks outside the split dimension (empty: 1 each)."""
+    conv_shard_groups: tuple[tuple[Positive, ...], ...] = ()
+    """Per tensor, GDN conv state's sub-block sizes split by TP separately (empty: a plain split)."""
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "state_type", canonical_state_type(self.state_type))
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +69,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     components: tuple[ComponentSummary, ...] = ()
     generation: Name = ""
     """Rollout generation (e.g. a hash of the deployment spec); peers of different generations refuse."""
+    aux_item_lens: tuple[Positive, ...] = ()
+    """Bytes of one item of each aux buffer (empty: not told)."""
+    aux_num_items: NonNeg = 0
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -78,6 +93,17 @@ def _validate(m: Manifest) -> Manifest:
                 f"manifest: component {i} (`{comp.name}`) has {len(comp.item_lens)} item lens "
                 f"but {len(comp.tp_dims)} tp dims"
             )
+        for field in ("layer_ids", "outer_counts", "conv_shard_groups"):
+            n = len(getattr(comp, field))
+            if n and n != len(comp.item_lens):
+                raise WireFormatError(
+                    f"manifest: component {i} (`{comp.name}`) has {n} {field} "
+                    f"for {len(comp.item_lens)} tensors"
+                )
+    if m.kv.layer_ids and len(m.kv.layer_ids) != m.kv.num_layers:
+        raise WireFormatError(
+            f"manifest: {len(m.kv.layer_ids)} kv layer ids for {m.kv.num_layers} kv buffers"
+        )
     names = [c.name for c in m.components]
     if len(set(names)) != len(names):
         raise WireFormatError(f"manifest: component names must be unique, got {names}")
@@ -118,7 +144,10 @@ def manifest_from_schema(schema: RoleSchema, *, role: Role, generation: str = ""
         tp_size=schema.tp_size,
         tp_rank=schema.tp_rank,
         page_size=kv.page_size,
-        kv=KVSummary(item_len=kv.item_len, dtype=kv.dtype, layout=kv.layout, num_layers=len(kv.layer_ids)),
+        kv=KVSummary(
+            item_len=kv.item_len, dtype=kv.dtype, layout=kv.layout, num_layers=len(kv.layer_ids),
+            layer_ids=tuple(kv.layer_ids),
+        ),
         components=tuple(
             ComponentSummary(
                 name=c.name,
@@ -127,8 +156,13 @@ def manifest_from_schema(schema: RoleSchema, *, role: Role, generation: str = ""
                 item_lens=tuple(t.item_len for t in c.tensors),
                 tp_dims=tuple(t.tp_dim for t in c.tensors),
                 num_items=c.num_items,
+                layer_ids=tuple(t.layer_id for t in c.tensors),
+                outer_counts=tuple(t.outer_count for t in c.tensors),
+                conv_shard_groups=tuple(tuple(t.conv_shard_groups) for t in c.tensors),
             )
             for c in schema.components
         ),
         generation=generation,
+        aux_item_lens=tuple(schema.aux.item_lens),
+        aux_num_items=schema.aux.num_items,
     )

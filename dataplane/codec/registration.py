@@ -8,6 +8,10 @@ list, 6 aux MemoryDesc list, 7 state MemoryDesc lists (per component), 8 gpu_id,
 ``pack_int_lists(state_layer_ids, "I")``, 17 kv_layer_ids as raw ``<I``, 18 (ours) the manifest.
 sglang reads fixed positions and ignores frame 18.
 
+``decode_tp_rank`` is the decode scheduler's engine rank and ``decode_tp_size`` its attention-TP size;
+with DP attention the rank is at or above the size and sglang uses it modulo the size, so any
+non-negative rank is accepted here and ``Registration.decode_attn_tp_rank`` gives the rank in the group.
+
 Old flat layout (sglang before the per-component schema, PR #24932): frame 7 was one msgpack list of
 bin for all state tensors and frames 12/13 raw ``<I`` arrays. ``decode_registration`` CONVERTS it to a
 single-component layout (old sglang had exactly one state type per model) and sets
@@ -56,7 +60,10 @@ class Registration(msgspec.Struct, frozen=True, kw_only=True):
     dst_state_mem_descs: tuple[tuple[bytes, ...], ...] = ()
     gpu_id: int = 0
     decode_tp_size: int = 1
+    """The decode engine's attention-TP size."""
     decode_tp_rank: int = 0
+    """The decode scheduler's engine rank, as sglang sends it: with DP attention its global rank, at or
+    above ``decode_tp_size``; its rank in the attention-TP group is ``decode_attn_tp_rank``."""
     dst_kv_item_len: int
     dst_state_item_lens: IntLists = ()
     dst_state_dim_per_tensor: IntLists = ()
@@ -67,6 +74,12 @@ class Registration(msgspec.Struct, frozen=True, kw_only=True):
     manifest: Manifest | None = None
     legacy_flat_state: bool = False
     """Decoded from the old flat state layout (only ever set by the decoder)."""
+
+    @property
+    def decode_attn_tp_rank(self) -> int:
+        """The rank within the attention-TP group: ``decode_tp_rank % decode_tp_size``, as sglang's
+        MoRI sender computes it (``_send_mamba_state``, ``compute_head_slice_params``)."""
+        return self.decode_tp_rank % self.decode_tp_size
 
     @property
     def plain_sglang_peer(self) -> bool:
@@ -98,9 +111,9 @@ def _check_shape(reg: Registration) -> None:
                 raise WireFormatError(
                     f"{name}: component {c} has {len(values)} entries but {count} state descriptors"
                 )
-    if not 0 <= reg.decode_tp_rank < reg.decode_tp_size:
+    if reg.decode_tp_rank < 0 or reg.decode_tp_size < 1:
         raise WireFormatError(
-            f"decode_tp_rank {reg.decode_tp_rank} out of range for tp size {reg.decode_tp_size}"
+            f"decode_tp_rank {reg.decode_tp_rank} / tp size {reg.decode_tp_size} out of range"
         )
     if not 0 <= reg.dcp_rank < reg.dcp_size:
         raise WireFormatError(f"dcp_rank {reg.dcp_rank} out of range for dcp size {reg.dcp_size}")
@@ -108,10 +121,10 @@ def _check_shape(reg: Registration) -> None:
 
 def _check_manifest(reg: Registration, m: Manifest) -> None:
     """The manifest describes the same memory the sglang frames do, or the peer is lying/broken."""
-    if (m.tp_size, m.tp_rank) != (reg.decode_tp_size, reg.decode_tp_rank):
+    if (m.tp_size, m.tp_rank) != (reg.decode_tp_size, reg.decode_attn_tp_rank):
         raise WireFormatError(
-            f"manifest says tp rank/size {m.tp_rank}/{m.tp_size} "
-            f"but frames say {reg.decode_tp_rank}/{reg.decode_tp_size}"
+            f"manifest says tp rank/size {m.tp_rank}/{m.tp_size} but frames say "
+            f"{reg.decode_tp_rank}/{reg.decode_tp_size} (attention rank {reg.decode_attn_tp_rank})"
         )
     if m.kv.item_len != reg.dst_kv_item_len:
         raise WireFormatError(

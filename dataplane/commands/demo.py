@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="pdpair-demo-") as tmp:
         work = Path(tmp)
-        prefill = [AgentProcess(c, work, f"prefill-{c.tp_rank}") for c in prefill_cfgs]
-        decode = [AgentProcess(c, work, f"decode-{c.tp_rank}") for c in decode_cfgs]
+        prefill = [AgentProcess(c, work, f"prefill-{c.tp_rank}", one_rank=True) for c in prefill_cfgs]
+        decode = [AgentProcess(c, work, f"decode-{c.tp_rank}", one_rank=True) for c in decode_cfgs]
         try:
             for agent in prefill + decode:
                 agent.wait_ready()

@@ -1,9 +1,14 @@
-"""``pdpair-agent run``: what a pod runs — one agent of one role and rank, until SIGTERM.
+"""``pdpair-agent run``: what a pod runs — the agent of one role, serving every TP rank of its pod,
+until SIGTERM.
 
 The operator renders ``pdpair-agent run --role <role> --config /etc/pdpair/config/agent.yaml --listen-host
 $(POD_IP) --pod-name $(POD_NAME) --namespace $(POD_NAMESPACE)``; flags override the file's fields.
-With a pod name and namespace, handshake outcomes are reported as the pod condition
-``pdpair.io/TransferReady``.
+The agent serves ranks 0 .. tpSize-1 of its role (``<role>.tpSize``): with its own synthetic engine,
+one per rank; with an external engine (``localapi.engine.mode: external``), one local API
+connection per engine rank on the one socket. ``--tp-rank R`` serves rank R alone (a prefill rank
+above 0 then announces itself to rank 0's bootstrap endpoint). With a pod name and namespace,
+handshake outcomes are reported as the pod condition ``pdpair.io/TransferReady``, ready once every
+rank is paired.
 
 For tests and the fault matrix only: ``PDPAIR_TEST_FAULTS`` (e.g. ``rate=0.3,seed=7``) wraps the agent's
 transport in ``dataplane.transports.faulty.FaultyTransport``, which fails, loses and delays writes.
@@ -71,7 +76,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen-host", help="address every listener binds (overrides listen.host)")
     p.add_argument("--pod-name", help="this pod (identity.podName); enables the pod condition")
     p.add_argument("--namespace", help="this pod's namespace (identity.namespace)")
-    p.add_argument("--tp-rank", type=integer(0, 1023), help="this agent's TP rank (overrides tpRank)")
+    p.add_argument("--tp-rank", type=integer(0, 63),
+                   help="serve this TP rank alone (default: every rank of <role>.tpSize)")
     p.add_argument("--log-format", choices=("plain", "json"), default="plain")
     add_log_level(p)
     p.add_argument("--ready-file", type=output_file, metavar="FILE",
@@ -90,8 +96,15 @@ def load(args: argparse.Namespace) -> Any:
         ident, pod_name=args.pod_name or ident.pod_name, namespace=args.namespace or ident.namespace
     )
     listen = msgspec.structs.replace(cfg.listen, host=args.listen_host or cfg.listen.host)
-    tp_rank = cfg.tp_rank if args.tp_rank is None else args.tp_rank
-    return msgspec.structs.replace(cfg, role=args.role, identity=ident, listen=listen, tp_rank=tp_rank)
+    tp_rank = 0 if args.tp_rank is None else args.tp_rank
+    cfg = msgspec.structs.replace(cfg, role=args.role, identity=ident, listen=listen, tp_rank=tp_rank)
+    cfg.check_ranks()
+    return cfg
+
+
+def served_ranks(cfg: Any, args: argparse.Namespace) -> list[int]:
+    """The TP ranks this process serves: ``--tp-rank`` alone, else every rank of the role."""
+    return list(range(cfg.tp_size)) if args.tp_rank is None else [args.tp_rank]
 
 
 def pod_reporter(cfg: Any) -> Any:
@@ -137,34 +150,36 @@ def fault_wrapper(env: Mapping[str, str]) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
-    from ..agent import AgentRuntime
+    from ..agent.pod import start_in_process
     from ..agent.roles import tight_timers
 
     tight_timers()  # before any thread starts: the engine's progress threads inherit it
 
     cfg = load(args)
+    ranks = served_ranks(cfg, args)
     wrap = fault_wrapper(os.environ)
-    if cfg.localapi.engine.mode == "external":
-        from ..localapi.sidecar import serve
-
-        return serve(cfg, reporter=pod_reporter(cfg), ready_file=args.ready_file)
     try:
-        runtime = AgentRuntime(cfg, reporter=pod_reporter(cfg), wrap_transport=wrap).start()
+        if cfg.localapi.engine.mode == "external":
+            from ..localapi.ranks import serve
+
+            return serve(cfg, ranks, reporter=pod_reporter(cfg), ready_file=args.ready_file)
+        pod = start_in_process(cfg, ranks, reporter=pod_reporter(cfg), wrap_transport=wrap)
     except Exception as exc:
         code = getattr(exc, "errno", None)  # OSError, and zmq.ZMQError which is not one
         if code not in BIND_ERRNOS:
             raise
         raise BadInput(cannot_listen(cfg, os.strerror(code))) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: runtime.stop_event.set())
+        signal.signal(sig, lambda *_: pod.stop_event.set())
     if args.ready_file:
-        runtime.write_ready_file(args.ready_file)
-    while not runtime.wait(0.5):
-        if not runtime.worker.alive():
-            logging.getLogger("pdpair.agent").error("worker thread died; exiting")
+        pod.write_ready_file(args.ready_file)
+    log = logging.getLogger("pdpair.agent")
+    while not pod.stop_event.wait(0.5):
+        if not pod.alive():
+            log.error("a rank's worker thread died; exiting")
             break
-    crashed = not runtime.worker.alive()
+    crashed = not pod.alive()
     started = time.monotonic()
-    runtime.stop()
-    logging.getLogger("pdpair.agent").info("shutdown took %.2fs", time.monotonic() - started)
+    pod.stop()
+    log.info("shutdown took %.2fs", time.monotonic() - started)
     return 1 if crashed else 0

@@ -52,7 +52,7 @@ class SyntheticEngineProcess:
         room_base: int | None = None,
     ):
         self.cfg, self.role = cfg, cfg.role
-        self.schema = schema_from_config(cfg)
+        self.schema = schema_from_config(cfg.attention_view())
         regions = [(r.name, r.component, r.tensor, r.size) for r in self.schema.regions()]
         if cfg.transfer.device == "cuda":
             from .cuda_pools import CudaPools
@@ -72,7 +72,8 @@ class SyntheticEngineProcess:
         manifest = manifest_from_schema(self.schema, role=self.role, generation=cfg.identity.generation)
         self.client = AgentClient(
             socket_path, role=self.role, manifest=encode_manifest(manifest), timeout=timeout,
-            engine_id=f"synthetic-{self.role}-{cfg.tp_rank}",
+            engine_id=f"synthetic-{self.role}-{cfg.tp_rank}", tp_rank=cfg.tp_rank, tp_size=cfg.tp_size,
+            dp_size=cfg.dp_size,
         )
         self.kv = IndexAllocator("kv", self.schema.kv.num_pages)
         self.aux = IndexAllocator("aux", self.schema.aux.num_items)

@@ -72,8 +72,14 @@ class AgentClient:
         timeout: float = 5.0,
         reconnect_interval: float = 0.5,
         max_frame: int = DEFAULT_MAX_FRAME,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        dp_size: int = 1,
     ):
+        """``tp_rank`` / ``tp_size`` / ``dp_size``: which scheduler process of the engine this is, as
+        sglang counts them (one client per rank, all on the one agent socket of the pod)."""
         self.socket_path, self.role, self.manifest = socket_path, role, manifest
+        self.tp_rank, self.tp_size, self.dp_size = tp_rank, tp_size, dp_size
         self.engine_id = engine_id or f"{role}-engine-{os.getpid()}"
         self.timeout, self.reconnect_interval, self.max_frame = timeout, reconnect_interval, max_frame
         self.agent_id = ""
@@ -137,6 +143,7 @@ class AgentClient:
             hello = Hello(
                 version=LOCALAPI_VERSION, role=self.role,  # type: ignore[arg-type]
                 engine_id=self.engine_id, manifest=self.manifest, pid=os.getpid(),
+                tp_rank=self.tp_rank, tp_size=self.tp_size, dp_size=self.dp_size,
             )
             welcome = self._request(hello)
             assert isinstance(welcome, Welcome)

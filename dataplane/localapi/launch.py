@@ -29,6 +29,12 @@ def external(cfg: AgentConfig, socket_path: Path) -> AgentConfig:
     return cfg.with_engine(mode="external", socket_path=str(socket_path))
 
 
+def no_layout(cfg: AgentConfig) -> AgentConfig:
+    """``cfg`` naming no model layout (no profile, no explicit KV): a sidecar agent adopts its engine's."""
+    model = msgspec.structs.replace(cfg.model, profile=None, kv_item_len=None, kv_layers=0, components=[])
+    return msgspec.structs.replace(cfg, model=model)
+
+
 class EngineProcess:
     """One ``pdpair-agent engine`` process, its log, and its JSON report."""
 
@@ -80,19 +86,21 @@ class SidecarPair:
     """A prefill and a decode pod, each = sidecar agent + synthetic engine, on loopback."""
 
     def __init__(self, base: AgentConfig, workdir: Path, decode_args: Sequence[str] = (),
-                 prefill_args: Sequence[str] = ()):
+                 prefill_args: Sequence[str] = (), *, engine_schema: bool = False):
+        """``engine_schema``: the agents' configs name no model layout, so they adopt the engines'."""
         self.workdir = workdir
         (p, ), (d, ) = loopback_pair(base)
         self.cfg = {
             "prefill": external(p, workdir / "prefill.sock"),
             "decode": external(d, workdir / "decode.sock"),
         }
+        self.agent_cfg = {role: no_layout(c) if engine_schema else c for role, c in self.cfg.items()}
         self.args = {"prefill": list(prefill_args), "decode": list(decode_args)}
         self.agents: dict[str, AgentProcess] = {}
         self.engines: dict[str, EngineProcess] = {}
 
     def start_agent(self, role: str) -> AgentProcess:
-        self.agents[role] = AgentProcess(self.cfg[role], self.workdir, f"{role}-agent")
+        self.agents[role] = AgentProcess(self.agent_cfg[role], self.workdir, f"{role}-agent")
         return self.agents[role]
 
     def start_engine(self, role: str, args: Sequence[str] | None = None) -> EngineProcess:

@@ -32,6 +32,9 @@ Text = Annotated[str, msgspec.Meta(max_length=64 * 1024)]
 Role = Literal["prefill", "decode"]
 RegionKind = Literal["fd", "shm", "cuda_ipc"]
 MAX_COMPONENTS = 64
+MAX_RANKS = 1024
+MAX_MANIFEST = 1 << 20
+"""Bytes of a ``Hello``'s manifest at most (a 64-component manifest of 4096-tensor components fits)."""
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
@@ -39,15 +42,23 @@ class _Msg(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
 
 
 class Hello(_Msg, frozen=True, tag="hello"):
-    """Engine → agent, first on a connection: protocol version, role, and the engine's schema manifest
-    (``dataplane.codec.encode_manifest``), which must describe the agent's configured schema."""
+    """Engine → agent, first on a connection: protocol version, role, the engine's schema manifest
+    (``dataplane.codec.encode_manifest``: the agent's configured schema, or with none configured the
+    schema the agent adopts), and which rank of the engine this connection is.
+
+    ``tp_rank``, ``tp_size`` and ``dp_size`` mean what they mean in sglang: the scheduler process's
+    rank in the engine, the engine's TP size, and its DP size (DP attention: the attention TP group of
+    a rank is ``tp_size // dp_size`` wide). One connection per ``tp_rank``."""
 
     version: NonNeg
     role: Role
     engine_id: Name
-    manifest: bytes
+    manifest: Annotated[bytes, msgspec.Meta(max_length=MAX_MANIFEST)]
     pid: NonNeg = 0
     seq: NonNeg = 0
+    tp_rank: Annotated[int, msgspec.Meta(ge=0, le=MAX_RANKS - 1)] = 0
+    tp_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)] = 1
+    dp_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)] = 1
 
 
 class Welcome(_Msg, frozen=True, tag="welcome"):

@@ -1,4 +1,4 @@
-"""The agent's side of the local API: a Unix-socket listener for exactly one engine at a time.
+"""The agent's side of the local API: a Unix-socket listener for the engine's ranks, one connection each.
 
 The socket lives in a directory the engine's and the agent's containers share (an ``emptyDir``).
 A connection must start with ``Hello``; then ``RegisterPools`` (with descriptors), then any number of
@@ -8,7 +8,12 @@ Room states are pushed from the worker thread with bounded non-blocking writes, 
 stops reading loses its connection and never stalls the agent's worker. A malformed message gets
 ``Error(code="malformed")`` and the connection stays usable; an oversized frame gets
 ``Error(code="frame_too_large")`` and the connection closes (the stream cannot be resynchronised).
-A second engine is refused with ``Error(code="busy")``.
+
+An engine with TP N runs N scheduler processes; each connects on its own and names its rank in
+``Hello``. An ``EngineRouter`` gives each rank its handler (``sidecar.SidecarPod``: one agent
+runtime per rank): a second connection for a rank already connected gets ``Error(code="busy")``
+naming the rank, a rank the agent does not serve gets ``Error(code="bad_request")``, and either way
+the connection closes. At most ``max_connections`` connections are open at once (``busy`` beyond).
 
 Only the engine may connect: the socket file admits its owner only (mode 0600; 0660 with a configured
 group), and each connection's peer credentials (``SO_PEERCRED``) must name an allowed uid (the
@@ -37,7 +42,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from ..errors import BadInput, FrameTooLarge, LocalApiError, PDPairError
 from ..schema import RoleSchema
@@ -77,7 +82,9 @@ Submit = Callable[[Command], None]
 
 
 class EngineHandler(Protocol):
-    schema: RoleSchema
+    @property
+    def schema(self) -> RoleSchema:
+        """What requests are checked against (``LocalApiError`` before the schema is known)."""
 
     def hello(self, msg: Hello) -> str: ...
     def register(self, regions: Sequence[PoolRegion], fds: list[int]) -> None: ...
@@ -88,6 +95,37 @@ class EngineHandler(Protocol):
     def lend(self, session: Session) -> bool:
         """Hand ``session`` to the worker (which sets ``session.returned`` when done with it); False:
         the connection thread keeps reading it."""
+
+
+class EngineRouter(Protocol):
+    """Which handler serves the engine rank a ``Hello`` names."""
+
+    def route(self, msg: Hello, current: EngineHandler | None) -> EngineHandler:
+        """Claim ``msg``'s rank for this connection (which held ``current``, None: none yet);
+        ``LocalApiError`` (``busy``, ``bad_request``) when it cannot have it."""
+
+    def release(self, handler: EngineHandler) -> None:
+        """The connection that claimed ``handler`` is gone."""
+
+
+class OneEngine:
+    """The router of an agent that serves one engine connection, whatever rank it names."""
+
+    def __init__(self, handler: EngineHandler):
+        self.handler = handler
+        self._lock = threading.Lock()
+        self._taken = False
+
+    def route(self, msg: Hello, current: EngineHandler | None) -> EngineHandler:
+        with self._lock:
+            if current is None and self._taken:
+                raise LocalApiError("busy", "another engine is connected")
+            self._taken = True
+        return self.handler
+
+    def release(self, handler: EngineHandler) -> None:
+        with self._lock:
+            self._taken = False
 
 
 def to_command(msg: Send | Expect, schema: RoleSchema) -> SendCmd | ExpectCmd:
@@ -161,10 +199,14 @@ class Session:
     the worker sets ``returned`` — one reader at a time, so they share ``reader`` and its buffer.
     ``pending``: a message the worker read but left to the connection thread."""
 
-    def __init__(self, conn: _Connection, reader: FrameReader, handler: EngineHandler):
-        self.conn, self.reader, self.handler = conn, reader, handler
+    def __init__(self, conn: _Connection, reader: FrameReader, router: EngineRouter):
+        self.conn, self.reader, self.router = conn, reader, router
+        self.handler: EngineHandler | None = None
+        """The rank's handler, from the connection's ``Hello`` on."""
         self.fd = conn.sock.fileno()
         self.greeted = False
+        self.refused = False
+        """The ``Hello`` named a rank this connection may not have: close it after the answer."""
         self.pending: EngineMessage | None = None
         self.returned = threading.Event()
 
@@ -198,13 +240,9 @@ class Session:
         conn, handler, seq = self.conn, self.handler, msg.seq
         try:
             if isinstance(msg, Hello):
-                agent_id = handler.hello(msg)
-                handler.connected(conn)
-                self.greeted = True
-                max_frame = self.reader.max_frame
-                conn.reply(Welcome(version=msg.version, agent_id=agent_id, max_frame=max_frame, seq=seq))
+                self.greet(msg)
                 return True
-            if not self.greeted:
+            if handler is None or not self.greeted:
                 raise LocalApiError("no_hello", "the first message on a connection must be Hello")
             if isinstance(msg, RegisterPools):
                 handler.register(msg.regions, self.reader.take_fds())
@@ -231,6 +269,27 @@ class Session:
         finally:
             self.reader.close_fds()
 
+    def greet(self, msg: Hello) -> None:
+        """Claim the rank ``msg`` names and hand the handshake to its handler (``LocalApiError`` when
+        the rank is taken or refused: the connection then closes, ``Refused``)."""
+        try:
+            handler = self.router.route(msg, self.handler)  # the same one again for a repeated Hello
+        except LocalApiError:
+            self.refused = True
+            raise
+        claimed, self.handler = self.handler is None, handler
+        try:
+            agent_id = handler.hello(msg)
+        except BaseException:
+            if claimed:
+                self.handler = None
+                self.router.release(handler)
+            raise
+        handler.connected(self.conn)
+        self.greeted = True
+        max_frame = self.reader.max_frame
+        self.conn.reply(Welcome(version=msg.version, agent_id=agent_id, max_frame=max_frame, seq=msg.seq))
+
 
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a Unix socket (Linux ``SO_PEERCRED``)."""
@@ -239,20 +298,25 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 class LocalApiServer:
-    """``allowed_uids``: who may connect (empty: this process's uid); ``group``: the socket file's
+    """``handler``: the one engine's handler, or an ``EngineRouter`` giving each rank its own;
+    ``allowed_uids``: who may connect (empty: this process's uid); ``group``: the socket file's
     group, which may then also open it (mode 0660; without one, 0600)."""
 
     def __init__(
-        self, socket_path: str, handler: EngineHandler, max_frame: int = DEFAULT_MAX_FRAME,
-        allowed_uids: Sequence[int] = (), group: int | None = None,
+        self, socket_path: str, handler: EngineHandler | EngineRouter, max_frame: int = DEFAULT_MAX_FRAME,
+        allowed_uids: Sequence[int] = (), group: int | None = None, max_connections: int = 4,
     ):
-        self.socket_path, self.handler, self.max_frame = socket_path, handler, max_frame
+        self.socket_path, self.max_frame = socket_path, max_frame
+        one = not hasattr(handler, "route")
+        self.router = OneEngine(cast(EngineHandler, handler)) if one else cast(EngineRouter, handler)
         self.allowed_uids = frozenset(allowed_uids or (os.getuid(),))
         self.group = group
+        self.max_connections = max_connections
         self.refused = 0
         """Connections refused for their peer's uid."""
         self._listener: socket.socket | None = None
-        self._active: _Connection | None = None
+        self._active: set[_Connection] = set()
+        self._active_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -295,13 +359,20 @@ class LocalApiServer:
             if uid not in self.allowed_uids:
                 self.refuse(sock, uid)
                 continue
-            if self._active is not None:
-                send_frame(sock, encode_message(Error(code="busy", message="another engine is connected")))
+            with self._active_lock:
+                full = len(self._active) >= self.max_connections
+                conn = _Connection(sock)
+                if not full:
+                    self._active.add(conn)
+            if full:
+                message = f"{self.max_connections} engine connections are open, the most this agent takes"
+                with contextlib.suppress(OSError):
+                    sock.settimeout(SEND_DEADLINE)
+                    send_frame(sock, encode_message(Error(code="busy", message=message)))
                 sock.close()
                 continue
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-            self._active = _Connection(sock)
-            t = threading.Thread(target=self._serve, args=(self._active,), name="pdpair-engine", daemon=True)
+            t = threading.Thread(target=self._serve, args=(conn,), name="pdpair-engine", daemon=True)
             t.start()
 
     def refuse(self, sock: socket.socket, uid: int) -> None:
@@ -320,7 +391,7 @@ class LocalApiServer:
         sock.close()
 
     def _serve(self, conn: _Connection) -> None:
-        session = Session(conn, FrameReader(conn.sock, self.max_frame), self.handler)
+        session = Session(conn, FrameReader(conn.sock, self.max_frame), self.router)
         reason = "engine disconnected"
         try:
             while True:
@@ -336,8 +407,12 @@ class LocalApiServer:
                         session.reader.close_fds()
                         conn.reply(Error(code="malformed", message=str(exc)))
                         continue
-                done = session.handle(msg, self.handler.submit)
-                if done and isinstance(msg, RegisterPools) and self.handler.lend(session):
+                handler = session.handler
+                done = session.handle(msg, handler.submit if handler is not None else _unrouted)
+                if session.refused:
+                    return
+                handler = session.handler
+                if done and isinstance(msg, RegisterPools) and handler is not None and handler.lend(session):
                     session.returned.wait()
                     session.returned.clear()
         except Closed:
@@ -348,20 +423,29 @@ class LocalApiServer:
             session.reader.close_fds()
             conn.close()
             conn.sock.close()
-            self._active = None
-            if session.greeted:
-                self.handler.disconnected(reason)
+            with self._active_lock:
+                self._active.discard(conn)
+            if session.handler is not None:  # the rank is free again once its runtime is down
+                if session.greeted:
+                    session.handler.disconnected(reason)
+                self.router.release(session.handler)
 
     def stop(self) -> None:
         self._stop.set()
         if self._listener is not None:
             self._listener.close()
-        if self._active is not None:
-            self._active.close()
+        with self._active_lock:
+            active = list(self._active)
+        for conn in active:
+            conn.close()
         for t in self._threads:
             t.join(timeout=2)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
+
+
+def _unrouted(cmd: Command) -> None:
+    raise LocalApiError("no_hello", "the first message on a connection must be Hello")
 
 
 def _code(exc: PDPairError) -> str:

@@ -55,7 +55,10 @@ class PeerLayout:
     """The decode rank's registered memory, in canonical region order: KV, aux, then components."""
 
     tp_size: int
+    """The decode engine's attention-TP size."""
     tp_rank: int
+    """The decode rank as its registration names it: sglang's engine rank, which with DP attention is
+    at or above ``tp_size``; planning uses ``attn_tp_rank``."""
     kv: tuple[PeerRegion, ...]
     kv_layer_ids: tuple[int, ...] = ()
     aux: tuple[PeerRegion, ...] = ()
@@ -63,7 +66,7 @@ class PeerLayout:
     _bases: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.tp_size <= 0 or not 0 <= self.tp_rank < self.tp_size:
+        if self.tp_size <= 0 or self.tp_rank < 0:
             raise PlanError(f"peer tp_rank {self.tp_rank} / tp_size {self.tp_size} out of range")
         if self.kv_layer_ids and len(self.kv_layer_ids) != len(self.kv):
             raise PlanError(
@@ -74,6 +77,11 @@ class PeerLayout:
             bases.append(n)
             n += len(comp.regions)
         object.__setattr__(self, "_bases", tuple(bases))
+
+    @property
+    def attn_tp_rank(self) -> int:
+        """The rank within the decode attention-TP group (``tp_rank % tp_size``, as sglang uses it)."""
+        return self.tp_rank % self.tp_size
 
     def region_base(self, component: int) -> int:
         """Index of the first region of ``component`` in canonical order."""

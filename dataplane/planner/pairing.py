@@ -4,7 +4,9 @@ item move. Computed once per (local schema, peer layout) pair, so each request o
 KV buffers and state tensors are paired by layer id (k-th occurrence with k-th occurrence, since K and
 V, or conv and temporal state, share a layer id), as sglang's ``build_transfer_entry_pairs`` does;
 positionally when the peer sent no layer ids. Item-length and TP checks that do not depend on a request
-happen here, with messages naming the component, tensor and layer.
+happen here, with messages naming the component, tensor and layer. A decode rank slices by its rank in
+the attention-TP group (``PeerLayout.attn_tp_rank``): with DP attention sglang registers its engine rank,
+at or above the attention-TP size, and uses it modulo that size.
 """
 
 from __future__ import annotations
@@ -286,7 +288,7 @@ def _sliced(
             outer_count=outer,
             src_tp=local.tp_size,
             dst_tp=peer.tp_size,
-            dst_rank=peer.tp_rank,
+            dst_rank=peer.attn_tp_rank,
             local_rank=local.tp_rank,
             conv_shard_groups=groups,
         )

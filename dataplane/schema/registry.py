@@ -34,6 +34,13 @@ class StateTypeInfo(msgspec.Struct, frozen=True):
 
 
 _REGISTRY: dict[str, StateTypeInfo] = {}
+STATE_TYPE_ALIASES: dict[str, str] = {"nsa": "dsa"}
+"""Older names → current ones: sglang called DSA's index-key state ``nsa`` before it became ``dsa``."""
+
+
+def canonical_state_type(name: str) -> str:
+    """``name`` with an older name replaced by the current one (``nsa`` → ``dsa``)."""
+    return STATE_TYPE_ALIASES.get(name, name)
 
 
 def register_state_type(info: StateTypeInfo) -> StateTypeInfo:
@@ -43,8 +50,9 @@ def register_state_type(info: StateTypeInfo) -> StateTypeInfo:
 
 
 def state_type(name: str) -> StateTypeInfo:
+    """The registered type ``name`` (or the type an older name now has)."""
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[canonical_state_type(name)]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
         raise UnknownStateType(f"unknown state type {name!r}; known types: {known}") from None
@@ -64,5 +72,8 @@ for _info in (
     StateTypeInfo("qsa_compressed", SendRule.POSITIONAL, description="QSA compressed blocks"),
     StateTypeInfo("minimax_index_k", SendRule.POSITIONAL, description="MiniMax index keys"),
     StateTypeInfo("minimax_dense_kv", SendRule.POSITIONAL, description="MiniMax dense KV"),
+    StateTypeInfo("request_row", SendRule.POSITIONAL, description="one row per request, row to row"),
+    StateTypeInfo("block_scale", SendRule.PAGED, description="per-block KV scales of the full KV pages"),
+    StateTypeInfo("block_scale_swa", SendRule.PAGED, description="per-block KV scales of the SWA pages"),
 ):
     register_state_type(_info)

@@ -14,7 +14,7 @@ from typing import Literal
 import msgspec
 
 from ..errors import SchemaError
-from .registry import StateTypeInfo, state_type
+from .registry import StateTypeInfo, canonical_state_type, state_type
 
 Dtype = Literal["bfloat16", "float16", "float32", "float8_e4m3fn", "uint8", "int8"]
 DTYPE_BYTES: dict[str, int] = {
@@ -56,6 +56,7 @@ class Component(msgspec.Struct, frozen=True):
 
     name: str
     state_type: str
+    """A registered state type; an older name (sglang's ``nsa``) is stored as the current one."""
     tensors: tuple[TensorSpec, ...]
     num_items: int
     """Slots or pages in each tensor's pool."""
@@ -63,6 +64,7 @@ class Component(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         state_type(self.state_type)
+        msgspec.structs.force_setattr(self, "state_type", canonical_state_type(self.state_type))
         if not self.tensors:
             raise SchemaError(f"component {self.name!r} has no tensors")
         if self.num_items <= 0:

@@ -53,8 +53,9 @@ def agents(tmp_path, base, prefill_tp=1, decode_tp=1, decode_base=None):
             decode_tp=decode_tp,
             bootstrap_port=pcfgs[0].listen.bootstrap_port,
         )
-    procs = [AgentProcess(c, tmp_path, f"prefill-{c.tp_rank}") for c in pcfgs]
-    procs += [AgentProcess(c, tmp_path, f"decode-{c.tp_rank}") for c in dcfgs]
+    # One process per rank (``--tp-rank``): each rank's status, metrics and signals on their own.
+    procs = [AgentProcess(c, tmp_path, f"prefill-{c.tp_rank}", one_rank=True) for c in pcfgs]
+    procs += [AgentProcess(c, tmp_path, f"decode-{c.tp_rank}", one_rank=True) for c in dcfgs]
     try:
         for p in procs:
             p.wait_ready()

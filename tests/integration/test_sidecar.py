@@ -71,6 +71,17 @@ def test_every_profile_moves_engine_memory_verified_per_component(tmp_path, prof
         wait_for(lambda: prefill.count("succeeded") == 12, timeout=5, what="12 rooms sent by prefill")
 
 
+def test_agents_without_a_layout_adopt_their_engines_schema(tmp_path):
+    """The agents' configs name no model (``model.profile: null``): each takes its engine's manifest
+    and regions as its schema, and the two pair and move every component as with the profile."""
+    with SidecarPair(config("qwen3-next"), tmp_path, engine_schema=True) as pair:
+        assert pair.agent_cfg["decode"].model.profile is None
+        decode = pair.engines["decode"]
+        assert decode.wait(60) == 0, decode.log_tail()
+        assert_verified(decode.report(), 12, {"kv", "aux", "mamba"})
+        assert pair.agents["prefill"].status()["components"]
+
+
 def test_polling_engines_and_agents_spinning_for_their_answers(tmp_path):
     """The setting of a busy engine: engines that poll without sleeping (``--poll-us``), agents that
     poll for the engine's next request after each room they finish (``replySpinMicroseconds``)."""

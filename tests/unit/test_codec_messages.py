@@ -29,6 +29,7 @@ from dataplane.errors import UnknownStateType, WireFormatError
 from dataplane.schema import Component, KVSpec, RoleSchema, TensorSpec
 
 HYBRID = next(c for c in VECTORS["registration"] if c["name"] == "hybrid-mamba")
+DP_RANK = next(c for c in VECTORS["registration"] if c["name"] == "dp-attention-rank-5-of-attn-tp-2")
 TRIPLE = next(c for c in VECTORS["registration"] if c["name"] == "mamba+swa+dsa")
 META = next(c for c in VECTORS["transfer_metadata"] if c["name"] == "mamba+swa+dsa-with-none")
 
@@ -75,6 +76,18 @@ def test_manifest_that_contradicts_the_frames_is_rejected() -> None:
     bad = msgspec.structs.replace(bad, kv=msgspec.structs.replace(bad.kv, item_len=8192))
     with pytest.raises(WireFormatError, match="manifest kv item_len 8192"):
         decode_registration([*frames[:-1], encode_manifest(bad)])
+
+
+def test_a_dp_attention_rank_is_its_rank_in_the_attention_group() -> None:
+    """sglang registers a DP-attention decode rank by its engine rank (5) with its attention-TP size (2)
+    and uses it modulo the size: the manifest of attention rank 1 describes it, one of rank 0 does not."""
+    reg = decode_registration(frames_of(DP_RANK))
+    assert (reg.decode_tp_rank, reg.decode_tp_size, reg.decode_attn_tp_rank) == (5, 2, 1)
+    frames = encode_registration(with_manifest(DP_RANK))
+    assert decode_registration(frames).manifest is not None
+    other = manifest_from_schema(msgspec.structs.replace(hybrid_schema(), tp_rank=0), role="decode")
+    with pytest.raises(WireFormatError, match=r"tp rank/size 0/2 but frames say 5/2 \(attention rank 1\)"):
+        decode_registration([*frames[:-1], encode_manifest(other)])
 
 
 def test_manifest_with_unknown_state_type_raises_unknown_state_type() -> None:
@@ -132,7 +145,7 @@ def test_old_flat_metadata_state_is_one_raw_array() -> None:
         (7, b"\x93\x01\x02\x03", "dst_state_mem_descs: not a msgpack list of lists"),
         (5, b"\xc1garbage", "dst_kv_mem_descs: not a msgpack list"),
         (9, b"0", "decode_tp_size: 0 out of range"),
-        (10, b"7", "decode_tp_rank 7 out of range"),
+        (10, b"-1", "decode_tp_rank: -1 out of range 0.."),
         (3, b"+1", "dst_port: expected an ASCII decimal"),
         (3, "\uff13\uff16".encode(), "dst_port: expected an ASCII decimal"),
         (3, b"99999", "dst_port: 99999 out of range"),

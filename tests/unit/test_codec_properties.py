@@ -76,7 +76,7 @@ def registrations(draw: st.DrawFn) -> Registration:
         dst_state_mem_descs=descs,
         gpu_id=draw(st.integers(-1, 16)),
         decode_tp_size=tp,
-        decode_tp_rank=tp - 1,
+        decode_tp_rank=draw(st.integers(0, 7)) * tp + tp - 1,
         dst_kv_item_len=kv_len,
         dst_state_item_lens=item_lens,
         dst_state_dim_per_tensor=dims,

@@ -178,8 +178,24 @@ def test_second_engine_is_refused_as_busy(served):
     with client(server):
         s, reader = raw(server)
         with s:
+            hello = Hello(version=1, role="prefill", engine_id="second", manifest=manifest())
+            send_frame(s, encode_message(hello))
             err = decode_agent_message(reader.read())
             assert err.code == "busy"
+            assert s.recv(1) == b""  # and the connection closes
+
+
+def test_connections_beyond_the_limit_are_refused_at_once(tmp_path):
+    server = LocalApiServer(str(tmp_path / "agent.sock"), Recorder(), max_connections=1).start()
+    try:
+        with raw(server)[0]:
+            time.sleep(0.2)  # the first connection is open, and said nothing yet
+            s, reader = raw(server)
+            with s:
+                err = decode_agent_message(reader.read())
+                assert err.code == "busy" and "1 engine connections are open" in err.message
+    finally:
+        server.stop()
 
 
 def test_client_without_agent_fails_fast_and_clearly(tmp_path):
@@ -375,7 +391,7 @@ def test_a_process_of_another_uid_is_refused_clearly_and_the_engine_still_gets_i
             assert f"uid {os.getuid()} may not use" in err.message
             assert "localapi.engine.allowedUids" in err.message and "\n" not in err.message
             assert s.recv(1) == b""  # and the connection is closed
-        assert server.refused == 1 and handler.registered == [] and server._active is None
+        assert server.refused == 1 and handler.registered == [] and not server._active
         server.allowed_uids = frozenset({os.getuid()})  # now this process is the engine
         regions = [(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]
         with client(server) as c, SharedPools(regions) as pools:

@@ -38,6 +38,10 @@ SOURCES = {
     ),
     "group_concurrent_contiguous": f"sglang 0.5.23 {_COMMON}: group_concurrent_contiguous",
     "mamba_state_slice_byte_blocks": f"sglang 0.5.23 {_UTILS}: compute_mamba_state_slice_byte_blocks",
+    "tp_slice_writes": (
+        f"sglang 0.5.23 {_CONN}: MoriKVManager._build_tp_slice_config, "
+        "MoriKVManager._build_tp_slice_transfer_plan, MoriKVManager._send_mamba_state"
+    ),
 }
 ABOUT = (
     "Golden vectors from sglang 0.5.23's MoRI PD backend, produced by running its own functions "
@@ -161,12 +165,85 @@ def mamba_state_slice_byte_blocks(ref: ModuleType, case: dict[str, Any]) -> dict
     return {"args": case["args"], "blocks": [list(b) for b in blocks]}
 
 
+class _WriteLog:
+    """The two ``MoriEngine`` calls ``_send_mamba_state`` makes; each ``batch_write`` is kept as
+    ``[src_desc, dst_desc, src_offset, dst_offset, size]`` (the descs are tensor indices here)."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[int]] = []
+
+    def allocate_transfer_uid(self) -> int:
+        return len(self.writes)
+
+    def batch_write(self, src, src_offs, dst, dst_offs, sizes, uids) -> list[int]:  # type: ignore[no-untyped-def]
+        self.writes += [[src[0], dst[0], src_offs[0][0], dst_offs[0][0], sizes[0][0]]]
+        return list(uids)
+
+
+def _sender(p: dict[str, Any], log: _WriteLog) -> SimpleNamespace:
+    """The attributes of ``MoriKVManager`` (prefill side) that the three methods read."""
+    return SimpleNamespace(
+        kv_args=SimpleNamespace(
+            engine_rank=p["engine_rank"],
+            page_size=p["page_size"],
+            kv_item_lens=[p["kv_item_len"]],
+            kv_head_num=p["kv_head_num"],
+            total_kv_head_num=p["total_kv_head_num"],
+        ),
+        attn_tp_size=p["attn_tp_size"],
+        state_tp_size=p["attn_tp_size"],
+        pp_size=1,
+        engine=log,
+        _record_submitted_statuses=lambda statuses: None,
+    )
+
+
+def tp_slice_writes(ref: ModuleType, case: dict[str, Any]) -> dict[str, Any]:
+    """A prefill rank's KV head-slice writes and mamba slot writes to one decode rank whose registered
+    engine rank may lie at or above its attention-TP size (DP attention)."""
+    i = case["inputs"]
+    p, d, log = i["prefill"], i["decode"], _WriteLog()
+    sender = _sender(p, log)
+    peer = SimpleNamespace(
+        decode_tp_size=d["decode_tp_size"],
+        decode_tp_rank=d["decode_tp_rank"],
+        dst_kv_item_len=d["dst_kv_item_len"],
+    )
+    cfg = ref._build_tp_slice_config(sender, peer)
+    plan = ref._build_tp_slice_transfer_plan(
+        sender,
+        np.asarray(i["kv_indices"], dtype=np.int32),
+        np.asarray(i["dst_kv_indices"], dtype=np.int32),
+        cfg,
+    )
+    n_src, n_dst = len(p["state_item_lens"]), len(d["dst_state_item_lens"])
+    ref._send_mamba_state(
+        sender,
+        peer,
+        np.asarray([i["state_index"]], dtype=np.int32),
+        np.asarray([i["dst_state_index"]], dtype=np.int32),
+        list(range(n_src)),
+        list(range(n_dst)),
+        p["state_item_lens"],
+        d["dst_state_item_lens"],
+        p["state_dim_per_tensor"],
+        d["dst_state_dim_per_tensor"],
+        p["state_conv_shard_groups"],
+        p["state_slice_outer_counts"],
+        p["state_layer_ids"],
+        d["dst_state_layer_ids"],
+    )
+    kv = [list(w) for w in zip(plan.local_offsets, plan.remote_offsets, plan.sizes, strict=True)]
+    return {"name": case["name"], "inputs": i, "kv_writes": kv, "mamba_writes": log.writes}
+
+
 BUILDERS = {
     "pack_int_lists": pack_int_lists,
     "registration": registration,
     "transfer_metadata": transfer_metadata,
     "group_concurrent_contiguous": group_concurrent_contiguous,
     "mamba_state_slice_byte_blocks": mamba_state_slice_byte_blocks,
+    "tp_slice_writes": tp_slice_writes,
 }
 
 
