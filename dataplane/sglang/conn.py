@@ -7,9 +7,9 @@ call onto ``Send`` / ``Expect`` / ``Poll`` / ``Abort``:
 
 | sglang call | local API |
 | --- | --- |
-| ``KVManager(kv_args, mode, server_args, is_mla)`` | ``Hello`` + ``RegisterPools`` (every kv/aux/state buffer) |
-| prefill ``sender.poll()`` before ``send`` | WaitingForInput once the agent pushed decode's request for the room |
-| prefill ``sender.init(num_pages, aux)`` + ``send(pages, state)`` chunks | one ``Send`` after the last chunk |
+| ``KVManager(kv_args, mode, server_args, is_mla)`` | ``Hello`` + ``RegisterPools`` (every buffer) |
+| prefill ``sender.poll()`` before ``send`` | WaitingForInput once the agent pushed decode's request |
+| prefill ``sender.init(num_pages, aux)``, ``send(pages, state)`` | one ``Send`` with the last chunk |
 | decode ``receiver.send_metadata(pages, aux, state, decode_prefix_len)`` | ``Expect`` (``prefix_len``) |
 | ``poll()`` after that | the room state the agent pushed (already a ``KVPoll``) |
 | ``failure_exception()`` | sglang's ``KVTransferError`` with the agent's reason |
@@ -61,11 +61,13 @@ class PrefillInfo:
 
 
 class PDPairKVManager(BaseKVManager):
-    def __init__(self, args: Any, disaggregation_mode: Any, server_args: Any, is_mla_backend: bool | None = False):
+    def __init__(
+        self, args: Any, disaggregation_mode: Any, server_args: Any, is_mla_backend: bool | None = False
+    ):
         self.kv_args = args
         self.role = str(getattr(disaggregation_mode, "value", disaggregation_mode))
         if self.role not in ("prefill", "decode"):
-            raise Unsupported(f"pdpair: disaggregation mode {self.role!r} has no transfer (use prefill or decode)")
+            raise Unsupported(f"pdpair: mode {self.role!r} moves nothing; use prefill or decode")
         self.settings = Settings.from_environment()
         check_server_args(server_args, self.role)
         self.topology = engine_topology(server_args, int(args.engine_rank))
@@ -80,6 +82,7 @@ class PDPairKVManager(BaseKVManager):
         self.client = AgentClient(
             self.settings.socket_path, role=self.role, manifest=manifest,
             engine_id=f"sglang-{self.role}-tp{self.topology.tp_rank}", timeout=self.settings.call_timeout,
+            tp_rank=self.topology.tp_rank, tp_size=self.topology.tp_size, dp_size=self.topology.dp_size,
         )
         self.asked: OrderedDict[int, tuple[RoomState, float]] = OrderedDict()
         self.prefill_info_table: dict[str, PrefillInfo] = {}
@@ -93,7 +96,8 @@ class PDPairKVManager(BaseKVManager):
         except AgentUnavailable as exc:
             logger.warning("pdpair: %s; the pools are registered once it is up", exc)
         except LocalApiError as exc:
-            raise Unsupported(f"pdpair: the agent at {self.settings.socket_path} refused this engine: {exc}") from None
+            where = self.settings.socket_path
+            raise Unsupported(f"pdpair: the agent at {where} refused this engine: {exc}") from None
 
     def register_to_bootstrap(self) -> None:
         """Nothing to do: the prefill agent serves the bootstrap endpoint and announces every rank."""
@@ -224,6 +228,9 @@ class PDPairKVSender(_Room, BaseKVSender):
             return self.conclude_state
         if self.sent:
             return self._agent_state()
+        failed = self.kv_mgr.client.failed_unsent(self.bootstrap_room)
+        if failed is not None:
+            return self._conclude(KVPoll.Failed, failed)
         asked = self.kv_mgr.decode_asked(self.bootstrap_room)
         now = time.monotonic()
         if asked is None:
@@ -249,8 +256,10 @@ class PDPairKVReceiver(_Room, BaseKVReceiver):
     def init(self, prefill_dp_rank: int) -> None:
         self.bootstrap_done = True
 
-    def send_metadata(self, kv_indices: Any, aux_index: int | None = None, state_indices: list[Any] | None = None,
-                      decode_prefix_len: int | None = None, destination: Any = None, **_: Any) -> None:
+    def send_metadata(
+        self, kv_indices: Any, aux_index: int | None = None, state_indices: list[Any] | None = None,
+        decode_prefix_len: int | None = None, destination: Any = None, **_: Any,
+    ) -> None:
         if str(getattr(destination, "value", destination or "device")) != "device":
             self._conclude(KVPoll.Failed, "pdpair: host KV destinations are not supported")
             return
@@ -282,7 +291,7 @@ class PDPairKVBootstrapServer(BaseKVBootstrapServer):
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
-        logger.info("pdpair: bootstrap is served by the pod's PDPair agent, not by sglang (port %d unused)", port)
+        logger.info("pdpair: the pod's PDPair agent serves bootstrap; sglang's port %d stays unused", port)
 
     def close(self) -> None:
         """Nothing to stop."""

@@ -26,7 +26,10 @@ UTILS = "sglang.srt.disaggregation.utils"
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point."""
-    from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES, add_disagg_transfer_backend_choices
+    from sglang.srt.arg_groups.choices import (
+        DISAGG_TRANSFER_BACKEND_CHOICES,
+        add_disagg_transfer_backend_choices,
+    )
     from sglang.srt.disaggregation import utils
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

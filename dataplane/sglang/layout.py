@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadInput, SchemaError
-from ..schema import AuxSpec, Component, KVSpec, RoleSchema, TensorSpec
+from ..schema import AuxSpec, Component, KVSpec, RoleSchema, TensorSpec, sglang_state_type
 
 KV_DTYPES = {
     "auto": "bfloat16", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
@@ -25,8 +25,6 @@ KV_DTYPES = {
 }
 """sglang's ``kv_cache_dtype_str`` → the manifest's dtype; any other (fp8_e5m2, fp4, …) is carried as
 opaque ``uint8`` bytes: both roles of one deployment name the same setting either way."""
-STATE_NAMES = {"nsa": "dsa"}
-"""Older sglang names for a state type."""
 
 
 class Unsupported(BadInput):
@@ -78,7 +76,8 @@ def _kv(kv_args: Any, is_mla: bool) -> tuple[KVSpec, list[tuple[int, int]]]:
     if len(layer_ids) != len(ptrs):
         raise Unsupported(f"pdpair: {len(ptrs)} KV buffers but {len(layer_ids)} kv_layer_ids")
     dtype = KV_DTYPES.get(str(kv_args.kv_cache_dtype_str), "uint8")
-    spec = KVSpec(int(item_lens[0]), pages, layer_ids, int(kv_args.page_size), dtype, "mla" if is_mla else "mha")
+    layout = "mla" if is_mla else "mha"
+    spec = KVSpec(int(item_lens[0]), pages, layer_ids, int(kv_args.page_size), dtype, layout)
     return spec, [(int(p), spec.item_len * pages) for p in ptrs]
 
 
@@ -94,7 +93,7 @@ def _components(kv_args: Any) -> tuple[tuple[Component, ...], list[tuple[int, in
     bufs: list[tuple[int, int]] = []
     seen: dict[str, int] = {}
     for ci, raw in enumerate(kv_args.state_types):
-        st = STATE_NAMES.get(_name(raw), _name(raw))
+        st = sglang_state_type(_name(raw)).name
         ptrs, lens, item_lens = (kv_args.state_data_ptrs[ci], kv_args.state_data_lens[ci],
                                  kv_args.state_item_lens[ci])
         n = _items(f"state component {ci} ({st})", lens, item_lens)

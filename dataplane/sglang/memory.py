@@ -88,7 +88,9 @@ def _arena_of(ptr: int, size: int) -> HostArena | None:
         return next((a for a in _ARENAS if a.holds(ptr, size)), None)
 
 
-def share(schema: RoleSchema, buffers: Sequence[tuple[int, int]], gpu_id: int) -> tuple[list[PoolRegion], list[int]]:
+def share(
+    schema: RoleSchema, buffers: Sequence[tuple[int, int]], gpu_id: int
+) -> tuple[list[PoolRegion], list[int]]:
     """The ``RegisterPools`` regions (canonical order) and descriptors for ``buffers``."""
     regions: list[PoolRegion] = []
     fds: list[int] = []
@@ -98,7 +100,8 @@ def share(schema: RoleSchema, buffers: Sequence[tuple[int, int]], gpu_id: int) -
         if arena is not None:
             if arena.fd not in fds:
                 fds.append(arena.fd)
-            regions.append(PoolRegion(**base, kind="fd", offset=ptr - arena.base, fd_index=fds.index(arena.fd)))
+            offset, index = ptr - arena.base, fds.index(arena.fd)
+            regions.append(PoolRegion(**base, kind="fd", offset=offset, fd_index=index))
             continue
         handle, offset = _device_handle(region.name, ptr, gpu_id)
         regions.append(PoolRegion(**base, kind="cuda_ipc", handle=handle, offset=offset, device_id=gpu_id))
