@@ -76,8 +76,8 @@ def _kv(kv_args: Any, is_mla: bool) -> tuple[KVSpec, list[tuple[int, int]]]:
     if len(layer_ids) != len(ptrs):
         raise Unsupported(f"pdpair: {len(ptrs)} KV buffers but {len(layer_ids)} kv_layer_ids")
     dtype = KV_DTYPES.get(str(kv_args.kv_cache_dtype_str), "uint8")
-    layout = "mla" if is_mla else "mha"
-    spec = KVSpec(int(item_lens[0]), pages, layer_ids, int(kv_args.page_size), dtype, layout)
+    page = int(kv_args.page_size)
+    spec = KVSpec(int(item_lens[0]), pages, layer_ids, page, dtype, "mla" if is_mla else "mha")
     return spec, [(int(p), spec.item_len * pages) for p in ptrs]
 
 

@@ -95,16 +95,17 @@ def share(
     regions: list[PoolRegion] = []
     fds: list[int] = []
     for region, (ptr, size) in zip(schema.regions(), buffers, strict=True):
-        base = dict(name=region.name, component=region.component, tensor=region.tensor, size=size)
+        name, comp, tensor = region.name, region.component, region.tensor
         arena = _arena_of(ptr, size)
         if arena is not None:
             if arena.fd not in fds:
                 fds.append(arena.fd)
-            offset, index = ptr - arena.base, fds.index(arena.fd)
-            regions.append(PoolRegion(**base, kind="fd", offset=offset, fd_index=index))
+            regions.append(PoolRegion(name=name, component=comp, tensor=tensor, size=size, kind="fd",
+                                      offset=ptr - arena.base, fd_index=fds.index(arena.fd)))
             continue
-        handle, offset = _device_handle(region.name, ptr, gpu_id)
-        regions.append(PoolRegion(**base, kind="cuda_ipc", handle=handle, offset=offset, device_id=gpu_id))
+        handle, offset = _device_handle(name, ptr, gpu_id)
+        regions.append(PoolRegion(name=name, component=comp, tensor=tensor, size=size, kind="cuda_ipc",
+                                  handle=handle, offset=offset, device_id=gpu_id))
     return regions, fds
 
 

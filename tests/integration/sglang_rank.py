@@ -330,11 +330,16 @@ def move(prefill: Rank, decode: Rank, rooms: list[Room], timeout: float = 30.0,
     while len(out) < len(rooms) and time.monotonic() < deadline:
         for r in rooms:
             s = senders[r.room]
-            side = abort.pop(r.room, None)
-            if side is not None:  # the scheduler aborts the request (prefill.py / decode.py abort paths)
-                (s if side == "prefill" else receivers[r.room]).abort()
+            # An aborted request (the schedulers' abort paths call ``abort()``): decode's at once, prefill's
+            # once decode's request reached it (its bootstrap queue holds the request by then).
+            if abort.get(r.room) == "decode":
+                receivers[r.room].abort()
+                del abort[r.room]
             if r.room not in sent and s.poll() == KVPoll.WaitingForInput:
-                _send_chunks(prefill, s, r)
+                if abort.pop(r.room, None) == "prefill":
+                    s.abort()
+                else:
+                    _send_chunks(prefill, s, r)
                 sent.add(r.room)
             if r.room in out:
                 continue
