@@ -90,8 +90,11 @@ class PDPairKVManager(BaseKVManager):
         self._register()
 
     def _register(self) -> None:
-        """Hand the pools to the agent; an agent not up yet gets them when the client reconnects."""
+        """Hand the pools to the agent; an agent not up yet gets them when the client reconnects.
+        Connect first: ``register_pools`` on an unconnected client registers while it connects."""
         try:
+            if not self.client.connected:
+                self.client.connect()
             self.client.register_pools(self.regions, self.fds)
         except AgentUnavailable as exc:
             logger.warning("pdpair: %s; the pools are registered once it is up", exc)

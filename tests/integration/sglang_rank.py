@@ -143,8 +143,8 @@ class Rank:
         self.kv_args = self._kv_args(get_kv_class(self.backend, KVClassType.KVARGS)(), tp_rank)
         manager_class = get_kv_class(self.backend, KVClassType.MANAGER)
         mode = DisaggregationMode.PREFILL if role == "prefill" else DisaggregationMode.DECODE
-        overrides = server_overrides or {}
-        self.server_args = server_args(tp_size=tp_size, dp_size=dp_size, role=role, **overrides)
+        args = {"tp_size": tp_size, "attn_dp_size": dp_size} | (server_overrides or {})
+        self.server_args = server_args(role=role, **args)
         self.manager = manager_class(self.kv_args, mode, self.server_args, family.mla)
 
     # ---- pools, as sglang's memory pools lay them out ------------------------------------------
@@ -170,7 +170,8 @@ class Rank:
     def _kv_args(self, kv_args: Any, tp_rank: int) -> Any:
         """Field by field as ``prefill.py::PrefillBootstrapQueue._init_kv_manager`` (decode's is the same
         list), with sglang's ``append_state_component`` for every state component."""
-        from sglang.srt.disaggregation.utils import StateType, append_state_component
+        from sglang.srt.disaggregation.base.conn import StateType
+        from sglang.srt.disaggregation.utils import append_state_component
 
         f = self.family
         kv_args.engine_rank = tp_rank
@@ -241,13 +242,12 @@ def _aux_tensors(metadata: Any) -> list[Any]:
     return [by_ptr[p] for p in ptrs]
 
 
-def server_args(*, tp_size: int, dp_size: int, role: str, **more: Any) -> Any:
+def server_args(*, role: str, **fields: Any) -> Any:
     """sglang's own ``ServerArgs`` record for such an engine (not resolved: no model is loaded)."""
     from sglang.srt.server_args import ServerArgs
 
-    values = {"tp_size": tp_size, "attn_dp_size": dp_size, "disaggregation_mode": role,
-              "disaggregation_transfer_backend": "pdpair", **more}
-    return ServerArgs(model_path="pdpair-test-model", **values)
+    return ServerArgs(model_path="pdpair-test-model", disaggregation_mode=role,
+                      disaggregation_transfer_backend="pdpair", **fields)
 
 
 # ---- one room, both roles, in sglang's order ---------------------------------------------------

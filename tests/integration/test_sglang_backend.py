@@ -46,14 +46,15 @@ def test_sglang_loads_the_plugin_by_its_entry_point(plugin):
     from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
     from sglang.srt.disaggregation import utils
     from sglang.srt.disaggregation.base.conn import KVArgs
-    from sglang.srt.managers import disagg_service, scheduler
+    from sglang.srt.disaggregation import decode, prefill
+    from sglang.srt.managers import disagg_service
 
     from dataplane.sglang import conn
 
     assert "pdpair" in DISAGG_TRANSFER_BACKEND_CHOICES
     backend = utils.TransferBackend("pdpair")
     # the modules that build the Enum from the argument hold the extended one too
-    assert scheduler.TransferBackend is utils.TransferBackend is disagg_service.TransferBackend
+    assert prefill.TransferBackend is decode.TransferBackend is disagg_service.TransferBackend is utils.TransferBackend
     kinds = utils.KVClassType
     assert utils.get_kv_class(backend, kinds.KVARGS) is KVArgs
     assert utils.get_kv_class(backend, kinds.MANAGER) is conn.PDPairKVManager
@@ -203,15 +204,15 @@ def _reconnected(client) -> bool:
     return client.connections >= 2
 
 
-@pytest.mark.parametrize(("override", "line"), [
-    ({"pp_size": 2}, r"^pdpair: the pdpair transfer backend does not support --pp-size > 1 .*; "
-                     r"run with --pp-size 1$"),
-    ({"attn_dp_size": 2, "tp_size": 2}, r"^pdpair: .* DP attention on prefill; run prefill without"),
-    ({"tp_size": 3}, r"^pdpair: --tp-size 3 is not a power of two"),
+@pytest.mark.parametrize(("engine", "line"), [
+    ({"server_overrides": {"pp_size": 2}},
+     r"^pdpair: the pdpair transfer backend does not support --pp-size > 1 .*; run with --pp-size 1$"),
+    ({"tp_size": 2, "dp_size": 2}, r"^pdpair: .* DP attention on prefill; run prefill without"),
+    ({"tp_size": 4, "server_overrides": {"tp_size": 3}}, r"^pdpair: --tp-size 3 is not a power of two"),
 ])
-def test_what_the_backend_cannot_carry_is_refused_at_start_up_in_one_line(plugin, override, line):
+def test_what_the_backend_cannot_carry_is_refused_at_start_up_in_one_line(plugin, engine, line):
     """sglang's scheduler builds the manager at start-up: the refusal stops it there."""
     from dataplane.sglang.layout import Unsupported
 
     with pytest.raises(Unsupported, match=line):
-        Rank("prefill", FAMILIES["gpt-oss"], server_overrides=override)
+        Rank("prefill", FAMILIES["gpt-oss"], **engine)
