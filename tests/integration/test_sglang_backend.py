@@ -44,9 +44,8 @@ def plugin():
 
 def test_sglang_loads_the_plugin_by_its_entry_point(plugin):
     from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
-    from sglang.srt.disaggregation import utils
+    from sglang.srt.disaggregation import decode, prefill, utils
     from sglang.srt.disaggregation.base.conn import KVArgs
-    from sglang.srt.disaggregation import decode, prefill
     from sglang.srt.managers import disagg_service
 
     from dataplane.sglang import conn
@@ -54,7 +53,8 @@ def test_sglang_loads_the_plugin_by_its_entry_point(plugin):
     assert "pdpair" in DISAGG_TRANSFER_BACKEND_CHOICES
     backend = utils.TransferBackend("pdpair")
     # the modules that build the Enum from the argument hold the extended one too
-    assert prefill.TransferBackend is decode.TransferBackend is disagg_service.TransferBackend is utils.TransferBackend
+    extended = utils.TransferBackend
+    assert prefill.TransferBackend is decode.TransferBackend is disagg_service.TransferBackend is extended
     kinds = utils.KVClassType
     assert utils.get_kv_class(backend, kinds.KVARGS) is KVArgs
     assert utils.get_kv_class(backend, kinds.MANAGER) is conn.PDPairKVManager
