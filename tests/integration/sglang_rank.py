@@ -419,3 +419,67 @@ def untouched(decode: Rank, rooms: list[Room]) -> int:
             mask[list(dst)] = False
             dirty += int(tns.data.cpu().numpy()[mask].astype(bool).sum())
     return dirty
+
+
+# ---- prefill TP 2 -> decode TP 1 ---------------------------------------------------------------
+def move_tp(prefills: list[Rank], decode: Rank, rooms: list[Room], timeout: float = 30.0) -> dict[int, int]:
+    """``move`` with every prefill TP rank sending the room from its own memory (sglang's prefill TP
+    ranks share page and slot indices: each rank's scheduler runs the same allocator)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    senders = {(i, r.room): p.sender(r.room) for i, p in enumerate(prefills) for r in rooms}
+    receivers = {r.room: decode.receiver(r.room) for r in rooms}
+    for r in rooms:
+        receivers[r.room].init(0)
+        state = [[np.asarray(s, np.int32)] if c.state_type == "mamba" else np.asarray(s, np.int32)
+                 for s, c in zip(r.dst_state, decode.states, strict=True)]
+        pages = np.asarray(r.dst_pages, np.int32)
+        receivers[r.room].send_metadata(pages, r.dst_aux, state, decode_prefix_len=0)
+    sent: set[tuple[int, int]] = set()
+    out: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(out) < len(rooms) and time.monotonic() < deadline:
+        for (i, room), s in senders.items():
+            if (i, room) not in sent and s.poll() == KVPoll.WaitingForInput:
+                _send_chunks(prefills[i], s, next(r for r in rooms if r.room == room))
+                sent.add((i, room))
+        for r in rooms:
+            p = receivers[r.room].poll()
+            if r.room not in out and p in (KVPoll.Success, KVPoll.Failed):
+                out[r.room] = p
+        time.sleep(0.001)
+    return out
+
+
+def verify_tp(prefills: list[Rank], decode: Rank, r: Room) -> dict[str, int]:
+    """Decode TP 1 holds every prefill rank's TP slice: KV heads per token, mamba conv rows per
+    ``conv_shard_groups`` sub-block, temporal heads; aux from rank 0."""
+    tp, page, checked = len(prefills), decode.family.page_size, {}
+    for b, dst in enumerate(decode.kv):
+        for s, d in zip(r.src_pages, r.dst_pages, strict=True):
+            got = dst.data[d].cpu().numpy().reshape(page, tp, -1)
+            for i, p in enumerate(prefills):
+                want = p.kv[b].data[s].cpu().numpy().reshape(page, -1)
+                assert np.array_equal(got[:, i, :], want), f"room {r.room}: kv/{b} page {d} rank {i}"
+                checked["kv"] = checked.get("kv", 0) + want.nbytes
+    for ci, comp in enumerate(decode.states):
+        (s,), (d,) = r.src_state[ci], r.dst_state[ci]
+        for ti, dst in enumerate(comp.tensors):
+            got = dst.data[d].cpu().numpy()
+            groups = comp.conv_groups[ti] if comp.conv_groups else None
+            rows = groups or [comp.dims[ti]]
+            got_rows = got.reshape(sum(rows), -1)
+            at = 0
+            for gi, full in enumerate(rows):
+                part, src_at = full // tp, sum(g // tp for g in rows[:gi])
+                for i, p in enumerate(prefills):
+                    src = p.states[ci].tensors[ti].data[s].cpu().numpy().reshape(sum(rows) // tp, -1)
+                    want = src[src_at:src_at + part]
+                    assert np.array_equal(got_rows[at + i * part: at + (i + 1) * part], want), (
+                        f"room {r.room}: {comp.state_type}/{ti} slot {d} rank {i}")
+                    checked[comp.state_type] = checked.get(comp.state_type, 0) + want.nbytes
+                at += full
+    for a, b in zip(prefills[0].aux_buffers(), decode.aux_buffers(), strict=True):
+        assert np.array_equal(a[r.src_aux].cpu().numpy(), b[r.dst_aux].cpu().numpy()), f"room {r.room}: aux"
+        checked["aux"] = checked.get("aux", 0) + a.shape[1]
+    return checked

@@ -23,7 +23,17 @@ pytest.importorskip("sglang.srt.disaggregation.base.conn")
 
 from dataplane.config import AgentConfig, ModelConfig, TransferConfig
 from dataplane.localapi.launch import SidecarPair, wait_for
-from tests.integration.sglang_rank import FAMILIES, Rank, fill_source, move, plan_room, untouched, verify
+from tests.integration.sglang_rank import (
+    FAMILIES,
+    Rank,
+    fill_source,
+    move,
+    move_tp,
+    plan_room,
+    untouched,
+    verify,
+    verify_tp,
+)
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 FAILED, SUCCESS = 0, 4
@@ -216,3 +226,84 @@ def test_what_the_backend_cannot_carry_is_refused_at_start_up_in_one_line(plugin
 
     with pytest.raises(Unsupported, match=line):
         Rank("prefill", FAMILIES["gpt-oss"], **engine)
+
+
+def test_prefill_tp2_to_decode_tp1_every_slice_lands(plugin, tmp_path):
+    """One prefill agent serves both prefill scheduler ranks (two local API connections on one socket);
+    decode's one rank receives each rank's slice: KV heads per token, GDN conv rows per sub-block,
+    temporal heads."""
+    import msgspec
+
+    from dataplane.config import RoleConfig
+
+    pair = SidecarPair(agents_config(), tmp_path)
+    for table in (pair.cfg, pair.agent_cfg):
+        table["prefill"] = msgspec.structs.replace(table["prefill"], prefill=RoleConfig(tp_size=2))
+        table["decode"] = msgspec.structs.replace(table["decode"], prefill=RoleConfig(tp_size=2))
+    fam, rng = FAMILIES["qwen3-next"], np.random.default_rng(9)
+    ranks: list[Rank] = []
+    try:
+        for role in ("prefill", "decode"):
+            pair.start_agent(role)
+            sock = Path(pair.cfg[role].localapi.engine.socket_path)
+            wait_for(lambda s=sock: s.exists(), timeout=30, what=f"{role} socket")
+        os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["prefill"].localapi.engine.socket_path
+        prefills = [Rank("prefill", fam, tp_size=2, tp_rank=r) for r in (0, 1)]
+        ranks += prefills
+        os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["decode"].localapi.engine.socket_path
+        decode = Rank("decode", fam)
+        ranks.append(decode)
+        for agent in pair.agents.values():
+            agent.wait_ready(60)
+        rooms = [plan_room(prefills[0], decode, 6000 + i, tokens, rng) for i, tokens in enumerate((50, 130))]
+        for r in rooms:
+            for p in prefills:
+                fill_source(p, r, rng)
+            for a, b in zip(prefills[0].aux_buffers(), prefills[1].aux_buffers(), strict=True):
+                b[r.src_aux] = a[r.src_aux]  # every rank holds the same first token
+        assert move_tp(prefills, decode, rooms) == {r.room: SUCCESS for r in rooms}
+        for r in rooms:
+            assert set(verify_tp(prefills, decode, r)) == {"kv", "mamba", "aux"}
+    finally:
+        for rank in ranks:
+            rank.close()
+        for agent in pair.agents.values():
+            agent.stop()
+
+
+def test_a_dp_attention_decode_rank_above_its_attention_tp_size_receives(plugin, tmp_path):
+    """Decode with DP attention (tp 2, dp 2: attention TP 1): each scheduler rank is its own attention
+    group; sglang registers engine rank 1 with attention-TP size 1, and rooms reach both ranks."""
+    import msgspec
+
+    from dataplane.config import RoleConfig
+
+    pair = SidecarPair(agents_config(), tmp_path)
+    for table in (pair.cfg, pair.agent_cfg):
+        for role in ("prefill", "decode"):
+            table[role] = msgspec.structs.replace(table[role], decode=RoleConfig(tp_size=2, dp_size=2))
+    fam, rng = FAMILIES["gpt-oss"], np.random.default_rng(13)
+    ranks: list[Rank] = []
+    try:
+        for role in ("prefill", "decode"):
+            pair.start_agent(role)
+            sock = Path(pair.cfg[role].localapi.engine.socket_path)
+            wait_for(lambda s=sock: s.exists(), timeout=30, what=f"{role} socket")
+        os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["prefill"].localapi.engine.socket_path
+        prefill = Rank("prefill", fam)
+        ranks.append(prefill)
+        os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["decode"].localapi.engine.socket_path
+        decodes = [Rank("decode", fam, tp_size=2, dp_size=2, tp_rank=r) for r in (0, 1)]
+        ranks += decodes
+        for agent in pair.agents.values():
+            agent.wait_ready(60)
+        for i, decode in enumerate(decodes):
+            room = plan_room(prefill, decode, 7000 + i, 90, rng)
+            fill_source(prefill, room, rng)
+            assert move(prefill, decode, [room]) == {room.room: (SUCCESS, "")}, f"decode rank {i}"
+            assert set(verify(prefill, decode, room)) == {"kv", "swa", "aux"}
+    finally:
+        for rank in ranks:
+            rank.close()
+        for agent in pair.agents.values():
+            agent.stop()
