@@ -98,6 +98,7 @@ class AgentClient:
         self._states: OrderedDict[int, RoomState] = OrderedDict()
         self._mine: OrderedDict[int, None] = OrderedDict()
         self._incoming: deque[RoomState] = deque(maxlen=4096)
+        self._failed_unsent: OrderedDict[int, str] = OrderedDict()
         self._pools: tuple[tuple[PoolRegion, ...], list[int]] | None = None
         self._last_attempt = -1e9
         self._last_error = "never connected"
@@ -254,6 +255,14 @@ class AgentClient:
         with self._lock:
             self._states.pop(room, None)
             self._mine.pop(room, None)
+            self._failed_unsent.pop(room, None)
+
+    def failed_unsent(self, room: int) -> str | None:
+        """Prefill: the reason the agent failed ``room`` before this engine sent it (decode aborted,
+        say), or None."""
+        with self._lock:
+            self._pump(0.0)
+            return self._failed_unsent.get(room)
 
     def take_incoming(self) -> list[RoomState]:
         """Prefill: rooms decode asked for that this engine has not sent yet (with item counts)."""
@@ -337,6 +346,10 @@ class AgentClient:
             self._states[msg.room] = msg
         elif self.role == "prefill" and msg.state == 2:
             self._incoming.append(msg)
+        elif self.role == "prefill" and msg.state == FAILED:
+            self._failed_unsent[msg.room] = msg.reason
+            while len(self._failed_unsent) > KEEP_FINISHED:
+                self._failed_unsent.popitem(last=False)
 
     def _drop(self, reason: str) -> None:
         """Forget the connection and fail every room still in flight (caller holds the lock)."""
