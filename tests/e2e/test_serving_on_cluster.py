@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,14 @@ def with_sglang(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def as_list(objects: list[dict[str, Any]]) -> str:
+    """JSON, not YAML: PyYAML leaves a render hash like ``123e4567`` unquoted, and kubectl's YAML 1.2
+    reads it as a number."""
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+
+
 def dry_run(cluster: Cluster, ns: str, objects: list[dict[str, Any]]) -> str:
-    text = yaml.safe_dump_all(objects)
+    text = as_list(objects)
     proc = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=text, check=False)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -60,7 +67,7 @@ def test_every_example_with_sglang_passes_server_side_dry_run(cluster: Cluster, 
     identity = [dict(o) for o in render.build_agent_identity(owner, "pdpair-agent")]
     for obj in identity:
         obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "ownerReferences"}
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(identity))
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=as_list(identity))
     objects = [render.build_pod(owner, gen, role, 0) for role in ("prefill", "decode")]
     objects += render.build_router_children(owner, gen, network_policy=True)
     for obj in objects:
