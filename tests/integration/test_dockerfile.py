@@ -1,5 +1,6 @@
-"""The Dockerfile, checked without a Docker engine: hadolint clean, non-root pinned targets, and the
-same install steps as scripts/setup (CI), so an image installs what the tests ran against."""
+"""The Dockerfile, checked as text: hadolint clean, five non-root targets from pinned bases, and the same
+install steps as scripts/setup (CI), so an image installs what the tests ran against. Building and
+running the operator and agent images: tests/integration/test_images.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 SETUP = ROOT / "scripts" / "setup"
 ENGINES = ("torch", "numpy", "nixl", "mori", "pyzmq")
+TARGETS = ("operator", "agent", "agent-cuda", "agent-rocm", "sglang")
 
 
 @dataclass
@@ -82,13 +84,34 @@ def test_hadolint_is_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_two_targets_run_as_the_agent_uid_from_a_pinned_base() -> None:
-    assert {"operator", "agent"} <= STAGES.keys()
-    for target in ("operator", "agent"):
+def test_every_target_runs_as_the_agent_uid_from_a_pinned_base() -> None:
+    assert set(TARGETS) <= STAGES.keys()
+    for target in TARGETS:
         users = [arg for op, arg in STAGES[target].instructions if op == "USER"]
         assert users == ["65532:65532"], f"{target} must end as uid 65532 (the operator's runAsUser)"
-    base = re.search(r"ARG PYTHON_IMAGE=(\S+)", DOCKERFILE.read_text())
+    text = DOCKERFILE.read_text()
+    base = re.search(r"ARG PYTHON_IMAGE=(\S+)", text)
     assert base and re.fullmatch(r"python:3\.12\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base.group(1)), base
+    # Each target's base is a build argument with a versioned default (never a moving tag).
+    args = dict(re.findall(r"^ARG (\w+_IMAGE)=(\S+)$", text, re.M))
+    assert set(args) == {"PYTHON_IMAGE", "ROCM_IMAGE", "SGLANG_IMAGE"}, args
+    for name, image in args.items():
+        assert re.search(r":[\w.-]*\d[\w.-]*(@sha256:[0-9a-f]{64})?$", image) and "latest" not in image, name
+    roots = {t: chain(STAGES, t)[-1].parent for t in TARGETS}
+    assert roots == {"operator": "${PYTHON_IMAGE}", "agent": "${PYTHON_IMAGE}", "agent-cuda": "${PYTHON_IMAGE}",
+                     "agent-rocm": "${ROCM_IMAGE}", "sglang": "${SGLANG_IMAGE}"}, roots
+
+
+def test_gpu_targets_install_their_engines_pinned() -> None:
+    """agent-cuda: the agent plus torch; agent-rocm: the agent extra (amd-mori on the base's Python 3.12);
+    sglang: sglang at the version the plugin is written against, then the `sglang` extra."""
+    cuda = pip_installs(_runs("agent-cuda"))
+    assert ".[agent]" in cuda and any(re.fullmatch(r"torch==[\d.]+", c) for c in cuda), cuda
+    rocm = pip_installs(_runs("agent-rocm"))
+    assert ".[agent]" in rocm and not [c for c in rocm if "nixl" in c or "torch" in c], rocm
+    assert "python -P -m dataplane.compiled --in-place" in _runs("agent-rocm")
+    ref = re.search(r'SGLANG_VERSION = "([\d.]+)"', (ROOT / "dataplane/bench/sglang_ref.py").read_text())
+    assert ref and pip_installs(_runs("sglang")) == ["--upgrade pip==25.3", f"sglang=={ref.group(1)}", ".[sglang]"]
 
 
 def test_pip_pin_and_nixl_wheel_match_ci_setup() -> None:
@@ -105,7 +128,7 @@ def test_extras_are_the_ones_ci_installs() -> None:
     agent = [c for c in pip_installs(_runs("agent")) if re.search(r"(^|\s)\.(\[|$)", c)]
     operator = [c for c in pip_installs(_runs("operator")) if re.search(r"(^|\s)\.(\[|$)", c)]
     assert operator == ["."], "the operator image installs the project without extras"
-    assert sorted(agent) == [".", ".[agent]"], agent
+    assert agent == [".[agent]"], agent
     assert {"agent"} <= ci_extras, ci_extras
 
 

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds and runs PDPair's images here, without a Docker engine or a registry (docs/images.md):
+#   hack/images.sh build TARGET...         builds localhost/pdpair-TARGET:local from the Dockerfile
+#   hack/images.sh run TARGET [ARG...]     runs the image's entry point with ARGs, as uid 65532
+# TARGET: operator, agent or agent-cuda (the targets whose base, PYTHON_IMAGE, is replaced here).
+#
+# How, on a machine with no daemon and no registry access:
+# - The base: a Debian trixie root filesystem made by mmdebstrap (Python, venv, headers: what the
+#   python:*-slim image the Dockerfile names by default provides), cached as a tarball under
+#   ~/.cache/pdpair/images/ named for the hash of its inputs, and given to the build as PYTHON_IMAGE.
+# - buildah builds with chroot isolation (an OCI runtime cannot set rlimits here) and never pulls.
+#   Its storage, layers included, is ~/.cache/pdpair/images/storage, so an unchanged step is reused.
+# - pip inside reaches the index the machine's pip uses: its settings (`pip config list`, PIP_* variables)
+#   become the build's `pip.conf` secret, its CA bundle (pip's `cert`, else the system's) `pip-cert`.
+# - pip's cache is the Dockerfile's cache mount, under ~/.cache/pdpair/images/tmp (buildah's TMPDIR).
+# Needs root, buildah and mmdebstrap (hack/ci-buildah.sh installs them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${PDPAIR_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pdpair/images}"
+SUITE=trixie
+MIRROR="${PDPAIR_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+PACKAGES=ca-certificates,python3,python3-venv,python3-dev,python-is-python3
+TARGETS=(operator agent agent-cuda)
+TAG=local
+STEP_TIMEOUT="${PDPAIR_IMAGES_TIMEOUT:-1800}"
+
+die() { echo "images: $*" >&2; exit 2; }
+
+[ "$(id -u)" = 0 ] || die "run as root: buildah's chroot builds need it (or build with docker: docs/images.md)"
+for tool in buildah mmdebstrap; do
+  command -v "$tool" >/dev/null || die "$tool is missing: run hack/ci-buildah.sh (Debian: apt-get install buildah mmdebstrap)"
+done
+mkdir -p "$CACHE/tmp"
+export TMPDIR="$CACHE/tmp"
+# One build or run at a time on this cache (a second waits, bounded).
+exec 9>"$CACHE/lock"
+flock -w "$STEP_TIMEOUT" 9 || die "another hack/images.sh held $CACHE/lock for ${STEP_TIMEOUT}s"
+bh() { timeout "$STEP_TIMEOUT" buildah --root "$CACHE/storage" --runroot "/run/pdpair-images" "$@"; }
+
+is_target() { local t; for t in "${TARGETS[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
+
+# The base image, localhost/pdpair-base:KEY, KEY the hash of everything that makes the tarball.
+base_image() {
+  local key tar
+  key=$(printf '%s\n' "$SUITE" "$MIRROR" "$PACKAGES" minbase "$(dpkg --print-architecture)" \
+        "$(mmdebstrap --version)" | sha256sum | cut -c1-16)
+  tar="$CACHE/base-$SUITE-$key.tar"
+  if bh inspect --type image "localhost/pdpair-base:$key" >/dev/null 2>&1; then
+    echo "localhost/pdpair-base:$key"; return
+  fi
+  if [ ! -s "$tar" ]; then
+    echo "images: making the $SUITE base with mmdebstrap ($PACKAGES)" >&2
+    timeout "$STEP_TIMEOUT" mmdebstrap --quiet --variant=minbase --include="$PACKAGES" \
+      "$SUITE" "$tar.part" "$MIRROR" >&2
+    mv "$tar.part" "$tar"
+  fi
+  local ctr
+  ctr=$(bh from scratch)
+  bh add --quiet "$ctr" "$tar" / >/dev/null
+  bh config --env LANG=C.UTF-8 --cmd python3 "$ctr"
+  bh commit --quiet --rm "$ctr" "localhost/pdpair-base:$key" >/dev/null
+  echo "localhost/pdpair-base:$key"
+}
+
+# The machine's pip settings as a pip.conf, its CA bundle beside it (pip.conf names it by its secret path).
+pip_secrets() {
+  local dir=$1
+  python3 - "$dir" <<'PY'
+import ast, os, ssl, subprocess, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                        timeout=60).stdout if subprocess.run([sys.executable, "-m", "pip", "--version"],
+                        capture_output=True, timeout=60).returncode == 0 else ""
+keep = ("index-url", "extra-index-url", "trusted-host", "timeout", "default-timeout", "retries", "proxy",
+        "find-links", "cert")
+settings: dict[str, str] = {}
+for line in listed.splitlines():  # scope.key='value'; later lines (environment) win
+    name, sep, value = line.partition("=")
+    key = name.rpartition(".")[2]
+    if sep and key in keep:
+        settings["timeout" if key == "default-timeout" else key] = ast.literal_eval(value)
+for key in keep:  # PIP_* variables: `pip config list` shows them, but only for the pip it ran
+    env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
+    if env:
+        settings["timeout" if key == "default-timeout" else key] = env
+# A local find-links folder is not in the build; an index URL is.
+if "://" not in settings.get("find-links", "://"):
+    settings.pop("find-links")
+cert = settings.pop("cert", None) or ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt"
+if Path(cert).is_file():
+    (out / "pip-cert").write_bytes(Path(cert).read_bytes())
+    settings["cert"] = "/run/secrets/pip-cert"
+else:
+    (out / "pip-cert").write_bytes(b"")
+lines = ["[global]"] + [f"{k} = {v}" for k, v in sorted(settings.items())]
+(out / "pip.conf").write_text("\n".join(lines) + "\n")
+PY
+}
+
+build() {
+  [ $# -gt 0 ] || die "name a target: hack/images.sh build ${TARGETS[*]}"
+  local t
+  for t in "$@"; do is_target "$t" || die "unknown target '$t': one of ${TARGETS[*]} (others build on CI: docs/images.md)"; done
+  local base secrets
+  base=$(base_image)
+  secrets=$(mktemp -d)
+  trap 'rm -rf "$secrets"' RETURN
+  pip_secrets "$secrets"
+  for t in "$@"; do
+    echo "images: building $t on $base" >&2
+    bh bud --isolation chroot --layers --pull=never --target "$t" \
+      --build-arg "PYTHON_IMAGE=$base" \
+      --secret "id=pip.conf,src=$secrets/pip.conf" --secret "id=pip-cert,src=$secrets/pip-cert" \
+      -t "localhost/pdpair-$t:$TAG" -f Dockerfile . >&2
+  done
+  # Layers of earlier builds that no tagged image uses (bounded: a chain is a few dozen layers deep).
+  local pass
+  for pass in $(seq 1 32); do
+    [ -n "$(bh images --quiet --filter dangling=true)" ] || break
+    bh rmi --prune >/dev/null 2>&1 || break
+  done
+}
+
+run() {
+  [ $# -gt 0 ] || die "name a target: hack/images.sh run TARGET [ARG...]"
+  local t=$1; shift
+  is_target "$t" || die "unknown target '$t': one of ${TARGETS[*]}"
+  bh inspect --type image "localhost/pdpair-$t:$TAG" >/dev/null 2>&1 \
+    || die "no image localhost/pdpair-$t:$TAG: build it first (hack/images.sh build $t)"
+  local ctr entry user rc=0
+  ctr=$(bh from --pull=never "localhost/pdpair-$t:$TAG")
+  entry=$(bh inspect --type container --format '{{range .OCIv1.Config.Entrypoint}}{{.}} {{end}}' "$ctr")
+  user=$(bh inspect --type container --format '{{.OCIv1.Config.User}}' "$ctr")
+  # shellcheck disable=SC2086  # the entry point is one word per element (no spaces in them)
+  bh run --isolation chroot --user "$user" "$ctr" -- $entry "$@" || rc=$?
+  bh rm "$ctr" >/dev/null
+  return "$rc"
+}
+
+case "${1:-}" in
+  build) shift; build "$@" ;;
+  run) shift; run "$@" ;;
+  *) die "usage: hack/images.sh build TARGET... | run TARGET [ARG...] (TARGET: ${TARGETS[*]})" ;;
+esac
