@@ -3,7 +3,7 @@
 #   operator     the kopf operator: no torch, no transfer engines
 #   agent        the data-plane agent for host-memory pools, with NIXL (and MoRI-IO on Python 3.12)
 #   agent-cuda   the agent for CUDA pools: the same, plus torch (its wheels carry the CUDA runtime)
-#   agent-rocm   the agent for MoRI on ROCm GPUs (amd-mori), on a ROCm base
+#   agent-rocm   the agent for MoRI on ROCm GPUs (amd-mori, torch for ROCm), on a ROCm base
 #   sglang       the sglang engine with PDPair's transfer backend (the `sglang` extra), on a CUDA base
 # Each target's base is a build argument: PYTHON_IMAGE (operator, agent, agent-cuda), ROCM_IMAGE, SGLANG_IMAGE.
 # The install steps are the ones scripts/setup runs in CI (same pip pin, same extras, same NIXL wheel,
@@ -28,18 +28,27 @@ RUN groupadd --system --gid 65532 pdpair \
 
 FROM base AS build-venv
 WORKDIR /src
+ENV REQUIREMENTS="import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print(*p['dependencies'], *(r for e in sys.argv[1:] for r in p['optional-dependencies'][e]), sep=chr(10))"
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-cert \
     --mount=type=cache,id=pdpair-pip,target=/root/.cache/pip,sharing=locked \
     python -m venv /opt/pdpair \
  && pip install --upgrade pip==25.3
 
+# The dependencies are installed first, from pyproject.toml alone (REQUIREMENTS prints them: the
+# project's, then those of the extras named), so a change to the sources reinstalls only the project.
 FROM build-venv AS build-operator
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-cert \
+    --mount=type=cache,id=pdpair-pip,target=/root/.cache/pip,sharing=locked \
+    python -c "$REQUIREMENTS" > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt
+COPY README.md ./
 COPY dataplane ./dataplane
 COPY operator ./operator
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-cert \
     --mount=type=cache,id=pdpair-pip,target=/root/.cache/pip,sharing=locked \
-    pip install .
+    pip install --no-deps .
 
 FROM build-venv AS build-agent
 # g++ builds the native NIXL posting thread (dataplane/transports/native) and gcc the agent's per-room
@@ -49,15 +58,20 @@ FROM build-venv AS build-agent
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc=4:14.2.0-1 g++=4:14.2.0-1 \
  && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-cert \
+    --mount=type=cache,id=pdpair-pip,target=/root/.cache/pip,sharing=locked \
+    python -c "$REQUIREMENTS" agent > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt \
+ && pip install --no-deps nixl-cu12==1.5.1
+COPY README.md ./
 COPY dataplane ./dataplane
 COPY operator ./operator
 # DL3013: '.[agent]' is this project; its extra's dependencies are pinned in pyproject.toml.
 # hadolint ignore=DL3013
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-cert \
     --mount=type=cache,id=pdpair-pip,target=/root/.cache/pip,sharing=locked \
-    pip install '.[agent]' \
- && pip install --no-deps nixl-cu12==1.5.1 \
+    pip install --no-deps '.[agent]' \
  && python -P -m dataplane.transports.native \
  && python -P -m dataplane.compiled --in-place
 
@@ -107,6 +121,9 @@ RUN apt-get update \
       --shell /usr/sbin/nologin pdpair
 
 FROM rocm-base AS agent-rocm
+# torch for the pools in GPU memory (transfer.device: cuda is HIP on ROCm): PyTorch's ROCm wheels come
+# from its own index, not PyPI; the same torch version as the other targets.
+ARG TORCH_ROCM_INDEX=https://download.pytorch.org/whl/rocm6.4
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY dataplane ./dataplane
@@ -118,6 +135,7 @@ RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=
     python3 -m venv /opt/pdpair \
  && pip install --upgrade pip==25.3 \
  && pip install '.[agent]' \
+ && pip install --index-url "$TORCH_ROCM_INDEX" torch==2.14.1 \
  && pip show --quiet amd-mori \
  && python -P -m dataplane.compiled --in-place
 WORKDIR /

@@ -247,13 +247,14 @@ def pythonpath(wanted: str | None = None) -> Path | None:
 def in_place(package: Path = PACKAGE) -> bool:
     """Whether ``package`` itself is compiled (an image's, ``--in-place``): Python imports an extension
     before the source beside it, so every process that imports the package runs the compiled modules."""
-    return any((package / "agent" / f"roles{suffix}").is_file() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    return any((package / "agent" / f"roles{suffix}").is_file() for suffix in suffixes)
 
 
 def child(cmd: list[str], env: dict[str, str]) -> bool:
     """Make ``cmd`` (``[python, ...]``) and its ``env`` run the compiled copy when ``PDPAIR_COMPILED``
     wants it: the copy first on ``PYTHONPATH``, and ``-P`` so that the working directory (a checkout's
-    own ``dataplane/``) does not come before it. Whether it will (always, from a package compiled in place)."""
+    own ``dataplane/``) does not come before it. Whether it will (always from a package compiled in place)."""
     if in_place(PACKAGE):
         return True
     root = pythonpath()

@@ -54,5 +54,6 @@ def test_an_unknown_target_is_one_clear_line() -> None:
     proc = images("build", "agent-gpu", timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert proc.stderr.strip().splitlines() == [
-        "images: unknown target 'agent-gpu': one of operator agent agent-cuda (others build on CI: docs/images.md)"
+        "images: unknown target 'agent-gpu': one of operator agent agent-cuda "
+        "(others build on CI: docs/images.md)"
     ], proc.stderr
