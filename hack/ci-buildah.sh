@@ -6,5 +6,5 @@ if command -v buildah >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1; 
 echo "ci-buildah: installing Debian's buildah and mmdebstrap" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends buildah mmdebstrap >/dev/null
+apt-get install -y -qq buildah mmdebstrap >/dev/null
 buildah --version >&2
