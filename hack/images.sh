@@ -36,7 +36,8 @@ export TMPDIR="$CACHE/tmp"
 # One build or run at a time on this cache (a second waits, bounded).
 exec 9>"$CACHE/lock"
 flock -w "$STEP_TIMEOUT" 9 || die "another hack/images.sh held $CACHE/lock for ${STEP_TIMEOUT}s"
-bh() { timeout "$STEP_TIMEOUT" buildah --root "$CACHE/storage" --runroot "/run/pdpair-images" "$@"; }
+RUNROOT="/run/pdpair-images/$(printf %s "$CACHE" | sha256sum | cut -c1-12)"
+bh() { timeout "$STEP_TIMEOUT" buildah --root "$CACHE/storage" --runroot "$RUNROOT" "$@"; }
 
 is_target() { local t; for t in "${TARGETS[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
 
@@ -104,10 +105,10 @@ build() {
   [ $# -gt 0 ] || die "name a target: hack/images.sh build ${TARGETS[*]}"
   local t
   for t in "$@"; do is_target "$t" || die "unknown target '$t': one of ${TARGETS[*]} (others build on CI: docs/images.md)"; done
-  local base secrets
+  local base
   base=$(base_image)
-  secrets=$(mktemp -d)
-  trap 'rm -rf "$secrets"' RETURN
+  secrets=$(mktemp -d "$CACHE/tmp/secrets.XXXXXX")
+  trap 'rm -rf "$secrets"' EXIT
   pip_secrets "$secrets"
   for t in "$@"; do
     echo "images: building $t on $base" >&2
@@ -116,12 +117,17 @@ build() {
       --secret "id=pip.conf,src=$secrets/pip.conf" --secret "id=pip-cert,src=$secrets/pip-cert" \
       -t "localhost/pdpair-$t:$TAG" -f Dockerfile . >&2
   done
-  # Layers of earlier builds that no tagged image uses (bounded: a chain is a few dozen layers deep).
-  local pass
-  for pass in $(seq 1 32); do
-    [ -n "$(bh images --quiet --filter dangling=true)" ] || break
-    bh rmi --prune >/dev/null 2>&1 || break
-  done
+  # Storage is bounded: past PDPAIR_IMAGES_MAX_GB (default 16; a new commit adds ~1.5 GB of layers) every
+  # image but the base goes, and the next build reinstalls the dependencies. Not pruned per build: a
+  # stage used only through COPY --from (build-agent) is no tagged image's parent, so a prune would drop
+  # the layers that make the next build warm.
+  local used
+  used=$(du -sk "$CACHE/storage" 2>/dev/null | cut -f1)
+  if [ "${used:-0}" -gt $(( ${PDPAIR_IMAGES_MAX_GB:-16} * 1024 * 1024 )) ]; then
+    echo "images: storage at $(( used / 1024 / 1024 )) GB: removing every image but the base" >&2
+    bh images --format '{{.ID}} {{.Name}}' | awk '$2 != "localhost/pdpair-base" {print $1}' | sort -u \
+      | xargs -r -n 64 buildah --root "$CACHE/storage" --runroot "$RUNROOT" rmi --force >/dev/null 2>&1 || true
+  fi
 }
 
 run() {
