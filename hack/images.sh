@@ -125,7 +125,7 @@ build() {
   used=$(du -sk "$CACHE/storage" 2>/dev/null | cut -f1)
   if [ "${used:-0}" -gt $(( ${PDPAIR_IMAGES_MAX_GB:-16} * 1024 * 1024 )) ]; then
     echo "images: storage at $(( used / 1024 / 1024 )) GB: removing every image but the base" >&2
-    bh images --format '{{.ID}} {{.Name}}' | awk '$2 != "localhost/pdpair-base" {print $1}' | sort -u \
+    bh images --all --format '{{.ID}} {{.Name}}' | awk '$2 != "localhost/pdpair-base" {print $1}' | sort -u \
       | xargs -r -n 64 buildah --root "$CACHE/storage" --runroot "$RUNROOT" rmi --force >/dev/null 2>&1 || true
   fi
 }
