@@ -110,12 +110,22 @@ build() {
   secrets=$(mktemp -d "$CACHE/tmp/secrets.XXXXXX")
   trap 'rm -rf "$secrets"' EXIT
   pip_secrets "$secrets"
+  local attempt rc log="$secrets/bud.log"
   for t in "$@"; do
-    echo "images: building $t on $base" >&2
-    bh bud --isolation chroot --layers --pull=never --target "$t" \
-      --build-arg "PYTHON_IMAGE=$base" \
-      --secret "id=pip.conf,src=$secrets/pip.conf" --secret "id=pip-cert,src=$secrets/pip-cert" \
-      -t "localhost/pdpair-$t:$TAG" -f Dockerfile . >&2
+    # buildah re-executes itself from a sealed memfd copy for each RUN; on these VMs sealing now and then
+    # fails with EBUSY (a page of the copy still referenced). That step, and only that error, is tried
+    # again, at most twice; the finished layers are reused.
+    for attempt in 1 2 3; do
+      echo "images: building $t on $base" >&2
+      rc=0
+      bh bud --isolation chroot --layers --pull=never --target "$t" \
+        --build-arg "PYTHON_IMAGE=$base" \
+        --secret "id=pip.conf,src=$secrets/pip.conf" --secret "id=pip-cert,src=$secrets/pip-cert" \
+        -t "localhost/pdpair-$t:$TAG" -f Dockerfile . 2>&1 | tee "$log" >&2 || rc=$?
+      [ "$rc" = 0 ] && break
+      grep -q "sealing memfd copy: Device or resource busy" "$log" && [ "$attempt" -lt 3 ] || exit "$rc"
+      echo "images: buildah could not seal its memfd copy (EBUSY); building $t again" >&2
+    done
   done
   # Storage is bounded: past PDPAIR_IMAGES_MAX_GB (default 16; a new commit adds ~1.5 GB of layers) every
   # image but the base goes, and the next build reinstalls the dependencies. Not pruned per build: a
