@@ -50,10 +50,12 @@ base_image() {
   if bh inspect --type image "localhost/pdpair-base:$key" >/dev/null 2>&1; then
     echo "localhost/pdpair-base:$key"; return
   fi
-  if [ ! -s "$tar" ]; then
+  if [ ! -f "$tar" ] || [ ! -s "$tar" ]; then
     echo "images: making the $SUITE base with mmdebstrap ($PACKAGES)" >&2
-    timeout "$STEP_TIMEOUT" mmdebstrap --quiet --variant=minbase --include="$PACKAGES" \
+    rm -rf "$tar.part"
+    timeout "$STEP_TIMEOUT" mmdebstrap --quiet --format=tar --variant=minbase --include="$PACKAGES" \
       "$SUITE" "$tar.part" "$MIRROR" >&2
+    rm -rf "$tar"
     mv "$tar.part" "$tar"
   fi
   local ctr
