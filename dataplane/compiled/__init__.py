@@ -181,10 +181,25 @@ def prune(folder: Path, keep: int) -> None:
 
 
 def build_in_place(site: Path) -> None:
-    """Compile ``MODULES`` of the package installed under ``site`` where they are (images)."""
+    """Compile ``MODULES`` of the package installed under ``site`` where they are (images).
+
+    mypyc runs on a copy of the package alone, then its extensions (the modules' and the shared
+    ``*__mypyc`` library beside the package) are copied into ``site``: run in ``site`` itself, mypy would
+    take every installed top-level module there (``typing_extensions``) for one of the project's own."""
     if not (site / "dataplane" / "__init__.py").is_file():
         raise CompileUnavailable(f"no dataplane package under {site}")
-    _mypyc(site)
+    work = Path(tempfile.mkdtemp(prefix="pdpair-mypyc-"))
+    try:
+        shutil.copytree(site / "dataplane", work / "dataplane",
+                        ignore=shutil.ignore_patterns("__pycache__", *EXTENSIONS))
+        _mypyc(work)
+        built = sorted({path for pattern in EXTENSIONS for path in work.rglob(pattern)})
+        if not built:
+            raise CompileUnavailable("mypyc built no extension")
+        for path in built:
+            shutil.copy2(path, site / path.relative_to(work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _mypyc(root: Path) -> None:
@@ -230,10 +245,19 @@ def pythonpath(wanted: str | None = None) -> Path | None:
     return build()
 
 
+def in_place(package: Path = PACKAGE) -> bool:
+    """Whether ``package`` itself is compiled (an image's, ``--in-place``): Python imports an extension
+    before the source beside it, so every process that imports the package runs the compiled modules."""
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    return any((package / "agent" / f"roles{suffix}").is_file() for suffix in suffixes)
+
+
 def child(cmd: list[str], env: dict[str, str]) -> bool:
     """Make ``cmd`` (``[python, ...]``) and its ``env`` run the compiled copy when ``PDPAIR_COMPILED``
     wants it: the copy first on ``PYTHONPATH``, and ``-P`` so that the working directory (a checkout's
-    own ``dataplane/``) does not come before it. Whether it will."""
+    own ``dataplane/``) does not come before it. Whether it will (always from a package compiled in place)."""
+    if in_place(PACKAGE):
+        return True
     root = pythonpath()
     if root is None:
         return False
@@ -254,5 +278,5 @@ def choose(wanted: str) -> bool:
 
 __all__ = [
     "ENV", "MODULES", "CompileUnavailable", "active", "build", "build_in_place", "built", "child", "choose",
-    "pythonpath",
+    "in_place", "pythonpath",
 ]

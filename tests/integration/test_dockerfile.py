@@ -1,5 +1,6 @@
-"""The Dockerfile, checked without a Docker engine: hadolint clean, non-root pinned targets, and the
-same install steps as scripts/setup (CI), so an image installs what the tests ran against."""
+"""The Dockerfile, checked as text: hadolint clean, five non-root targets from pinned bases, and the same
+install steps as scripts/setup (CI), so an image installs what the tests ran against. Building and
+running the operator and agent images: tests/integration/test_images.py."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 SETUP = ROOT / "scripts" / "setup"
 ENGINES = ("torch", "numpy", "nixl", "mori", "pyzmq")
+TARGETS = ("operator", "agent", "agent-cuda", "agent-rocm", "sglang")
 
 
 @dataclass
@@ -82,13 +85,41 @@ def test_hadolint_is_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_two_targets_run_as_the_agent_uid_from_a_pinned_base() -> None:
-    assert {"operator", "agent"} <= STAGES.keys()
-    for target in ("operator", "agent"):
+def test_every_target_runs_as_the_agent_uid_from_a_pinned_base() -> None:
+    assert set(TARGETS) <= STAGES.keys()
+    for target in TARGETS:
         users = [arg for op, arg in STAGES[target].instructions if op == "USER"]
         assert users == ["65532:65532"], f"{target} must end as uid 65532 (the operator's runAsUser)"
-    base = re.search(r"ARG PYTHON_IMAGE=(\S+)", DOCKERFILE.read_text())
+    text = DOCKERFILE.read_text()
+    base = re.search(r"ARG PYTHON_IMAGE=(\S+)", text)
     assert base and re.fullmatch(r"python:3\.12\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base.group(1)), base
+    # Each target's base is a build argument with a versioned default (never a moving tag).
+    args = dict(re.findall(r"^ARG (\w+_IMAGE)=(\S+)$", text, re.M))
+    assert set(args) == {"PYTHON_IMAGE", "ROCM_IMAGE", "SGLANG_IMAGE"}, args
+    for name, image in args.items():
+        assert re.search(r":[\w.-]*\d[\w.-]*(@sha256:[0-9a-f]{64})?$", image) and "latest" not in image, name
+    roots = {t: chain(STAGES, t)[-1].parent for t in TARGETS}
+    python = "${PYTHON_IMAGE}"
+    assert roots == {"operator": python, "agent": python, "agent-cuda": python,
+                     "agent-rocm": "${ROCM_IMAGE}", "sglang": "${SGLANG_IMAGE}"}, roots
+
+
+def test_gpu_targets_install_their_engines_pinned() -> None:
+    """agent-cuda: the agent plus torch; agent-rocm: the agent extra (amd-mori on the base's Python 3.12) and
+    the same torch from PyTorch's ROCm index;
+    sglang: sglang at the version the plugin is written against, then the `sglang` extra."""
+    cuda = pip_installs(_runs("agent-cuda"))
+    assert project_installs("agent-cuda") == project_installs("agent"), "agent-cuda: the agent, plus torch"
+    assert any(re.fullmatch(r"torch==[\d.]+", c) for c in cuda), cuda
+    rocm = pip_installs(_runs("agent-rocm"))
+    assert ".[agent]" in rocm and not [c for c in rocm if "nixl" in c], rocm
+    torch = {c.split()[-1] for c in cuda + rocm if "torch" in c}
+    assert len(torch) == 1, f"one torch for every target: {torch}"
+    assert f'--index-url "$TORCH_ROCM_INDEX" {torch.pop()}' in rocm, "agent-rocm: ROCm's wheel of it"
+    assert "python -P -m dataplane.compiled --in-place" in _runs("agent-rocm")
+    ref = re.search(r'SGLANG_VERSION = "([\d.]+)"', (ROOT / "dataplane/bench/sglang_ref.py").read_text())
+    want = ["--upgrade pip==25.3", f"sglang=={ref.group(1) if ref else '?'}", ".[sglang]"]
+    assert pip_installs(_runs("sglang")) == want
 
 
 def test_pip_pin_and_nixl_wheel_match_ci_setup() -> None:
@@ -99,14 +130,35 @@ def test_pip_pin_and_nixl_wheel_match_ci_setup() -> None:
     assert nixl and nixl == [c for c in image if "nixl" in c], (nixl, image)
 
 
+def project_installs(target: str) -> list[str]:
+    """The target's installs of this project (`.` or `.[extras]`), and the extras whose requirements it
+    installs first from pyproject.toml alone (the Dockerfile's REQUIREMENTS)."""
+    installs = [c.removeprefix("--no-deps ") for c in pip_installs(_runs(target))
+                if re.search(r"(^|\s)\.(\[|$)", c)]
+    first = re.findall(r'python -c "\$REQUIREMENTS"((?: \w+)*) > (\S+)', _runs(target))
+    assert first and all(f"pip install -r {path}" in _runs(target) for _, path in first), target
+    return installs + [f"requirements:{extras.strip()}" for extras, _ in first]
+
+
 def test_extras_are_the_ones_ci_installs() -> None:
     ci_extras = {e for c in pip_installs(SETUP.read_text())
                  for m in [re.search(r"\.\[([\w,]+)\]", c)] if m for e in m.group(1).split(",")}
-    agent = [c for c in pip_installs(_runs("agent")) if re.search(r"(^|\s)\.(\[|$)", c)]
-    operator = [c for c in pip_installs(_runs("operator")) if re.search(r"(^|\s)\.(\[|$)", c)]
-    assert operator == ["."], "the operator image installs the project without extras"
-    assert sorted(agent) == [".", ".[agent]"], agent
+    assert project_installs("operator") == [".", "requirements:"], "the operator: the project, no extras"
+    assert project_installs("agent") == [".[agent]", "requirements:agent"]
     assert {"agent"} <= ci_extras, ci_extras
+
+
+def test_requirements_step_prints_the_projects_and_the_named_extras(tmp_path: Path) -> None:
+    env = re.search(r'^ENV REQUIREMENTS="(.*?)"$', re.sub(r"\\\n", "", DOCKERFILE.read_text()), re.M | re.S)
+    assert env, "the Dockerfile's REQUIREMENTS"
+    (tmp_path / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for extras in ([], ["agent"]):
+        proc = subprocess.run([sys.executable, "-c", env.group(1), *extras], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        want = project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
+        assert proc.stdout.splitlines() == want
 
 
 def test_agent_image_builds_its_native_parts_into_the_installed_package() -> None:
@@ -139,3 +191,18 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path, bad: str) -> None:
     (tmp_path / "Dockerfile").write_text(bad)
     proc = hadolint(tmp_path / "Dockerfile")
     assert proc.returncode != 0 and "DL3007" in proc.stdout and "DL3002" in proc.stdout, proc.stdout
+
+
+def test_every_example_names_the_target_its_transfer_needs() -> None:
+    """An example's agent image is a target built here, at the project's version: `agent-rocm` for MoRI,
+    `agent-cuda` for pools in GPU memory over NIXL (torch), `agent` for host memory."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        spec = yaml.safe_load(path.read_text())["spec"]
+        transfer = spec.get("transfer", {})
+        want = ("agent-rocm" if transfer.get("backend") == "mori"
+                else "agent-cuda" if transfer.get("device") == "cuda" else "agent")
+        assert spec["image"] == f"ghcr.io/pdpair/{want}:{version}", path.name
+        assert want in STAGES, want

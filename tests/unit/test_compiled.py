@@ -79,6 +79,21 @@ def test_in_place_refuses_a_checkout_and_a_folder_without_the_package(tmp_path: 
         compiled.build_in_place(tmp_path)
 
 
+def test_a_package_compiled_in_place_is_what_its_children_run(
+    package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image's package (compiled --in-place): the launchers report its children compiled without
+    putting a cached copy on their path; a checkout's (no extension beside the sources) is unchanged."""
+    monkeypatch.setattr(compiled, "PACKAGE", package)
+    monkeypatch.setenv(compiled.ENV, "off")
+    cmd, env = [sys.executable, "-m", "dataplane.cli"], {"PYTHONPATH": "/x"}
+    assert not compiled.in_place(package) and not compiled.child(cmd, env)
+    suffix = next(s for s in compiled.importlib.machinery.EXTENSION_SUFFIXES if s != ".so")
+    (package / "agent" / f"roles{suffix}").write_bytes(b"")
+    assert compiled.in_place(package) and compiled.child(cmd, env)
+    assert cmd == [sys.executable, "-m", "dataplane.cli"] and env == {"PYTHONPATH": "/x"}
+
+
 def test_old_copies_are_pruned_newest_kept(tmp_path: Path) -> None:
     for i in range(6):
         d = tmp_path / f"pdpair-{i:016x}"
