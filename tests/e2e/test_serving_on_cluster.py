@@ -159,6 +159,11 @@ def test_a_spec_without_layout_needs_an_engine_that_registers_one(cluster: Clust
     assert "or neither to take the layout the engine registers" in refused.stderr
     doc["spec"]["engine"] = {"image": SGLANG_IMAGE, "sglang": {"modelPath": "Qwen/Qwen3-Next"}}
     dry_run(cluster, ns, [doc])
+    two = copy.deepcopy(doc)
+    two["spec"]["prefill"]["replicas"] = 2
+    refused = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=as_list([two]),
+                              check=False)
+    assert refused.returncode != 0 and "engine.sglang serves with one prefill pod" in refused.stderr
     both = copy.deepcopy(doc)
     both["spec"]["model"]["profile"] = "qwen3-next"
     both["spec"]["model"]["components"] = [
