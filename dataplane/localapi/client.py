@@ -172,7 +172,9 @@ class AgentClient:
         """Hand the agent every region of the schema (canonical order); remembered for reconnects."""
         with self._lock:
             self._pools = (tuple(regions), list(fds))
-            self.ensure_connected()
+            if self._sock is None:
+                self.ensure_connected()  # connecting registers the pools
+                return
             self._request(RegisterPools(regions=self._pools[0]), self._pools[1])
 
     def send(

@@ -184,7 +184,8 @@ class Sidecar:
 
     def register(self, regions: Sequence[PoolRegion], fds: list[int]) -> None:
         with self._lock:
-            self._teardown("engine re-registered its pools")
+            # the same connection stays: its push must reach the next runtime's rooms too
+            self._teardown("engine re-registered its pools", keep_push=True)
             schema = self._schema_for(regions, fds)
             mapped = map_pools(schema, regions, fds)
             try:
@@ -252,8 +253,9 @@ class Sidecar:
         self.on_change()
 
     # ---- teardown -----------------------------------------------------------------------------
-    def _teardown(self, reason: str) -> None:
-        """Fail every room, stop the runtime (deregisters memory), unmap (caller holds the lock)."""
+    def _teardown(self, reason: str, keep_push: bool = False) -> None:
+        """Fail every room, stop the runtime (deregisters memory), unmap (caller holds the lock).
+        ``keep_push``: the engine's connection outlives this runtime (a re-registration on it)."""
         runtime, self.runtime = self.runtime, None
         self._schema = self.configured
         self.attached.clear()
@@ -264,7 +266,8 @@ class Sidecar:
             self.link.submit(detach)
             if not detach.done.wait(DETACH_WAIT):
                 log.error("worker did not fail its rooms within %.0fs", DETACH_WAIT)
-            self.link.set_push(None)
+            if not keep_push:
+                self.link.set_push(None)
             runtime.stop()
         del runtime
         mapped, self.mapped = self.mapped, None

@@ -226,3 +226,26 @@ def test_agent_killed_engine_gets_clear_errors_and_reregisters(tmp_path, role):
         wait_for(lambda: engine.report()["connections"] >= 2, timeout=5,
                  what="the client reconnected and re-registered its pools")
         assert decode.count("verification_failures") == 0
+
+
+def test_pools_registered_again_on_one_connection_keep_the_engines_room_states(tmp_path):
+    """A second ``RegisterPools`` on the same connection restarts the agent's runtime; the room states
+    of the next runtime still reach the engine over that connection."""
+    cfg = config(requests=0)
+    pair = SidecarPair(cfg, tmp_path)
+    try:
+        pair.start_agent("decode")
+        sock = Path(pair.cfg["decode"].localapi.engine.socket_path)
+        wait_for(sock.exists, timeout=60, what="decode socket")
+        schema = schema_from_config(pair.cfg["decode"])
+        manifest = encode_manifest(manifest_from_schema(schema, role="decode"))
+        with SharedPools([(r.name, r.component, r.tensor, r.size) for r in schema.regions()]) as pools, \
+                AgentClient(str(sock), role="decode", manifest=manifest, timeout=10.0) as engine:
+            engine.register_pools(pools.regions, pools.fds)
+            engine.register_pools(pools.regions, pools.fds)  # the same connection: a new runtime
+            engine.expect(5, [1], None, [[] for _ in schema.components])
+            engine.abort(5, "cancelled by the test", ack=True)
+            state, reason = engine.wait(5, timeout=20)
+            assert state == 0 and "cancelled by the test" in reason, (state, reason)
+    finally:
+        pair.stop()

@@ -399,3 +399,16 @@ def test_a_process_of_another_uid_is_refused_clearly_and_the_engine_still_gets_i
         assert handler.registered == [(len(SCHEMA.regions()), 1)]
     finally:
         server.stop()
+
+
+def test_registering_on_an_unconnected_client_registers_once(served):
+    """Connecting registers the remembered pools; ``register_pools`` must not send them a second time
+    (a second registration restarts the agent's runtime for nothing)."""
+    server, handler = served
+    c = client(server)
+    try:
+        with SharedPools([(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]) as pools:
+            c.register_pools(pools.regions, pools.fds)
+        assert handler.registered == [(len(SCHEMA.regions()), 1)]
+    finally:
+        c.close()
