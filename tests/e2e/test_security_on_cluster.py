@@ -138,7 +138,8 @@ def test_specs_asking_for_the_impossible_are_refused_by_the_crd(cluster: Cluster
 
 def test_a_spec_whose_pools_exceed_the_memory_gets_invalid_spec_and_no_pods(cluster: Cluster,
                                                                              ns: str) -> None:
-    big = {"name": "meta-llama/Llama-3.1-8B-Instruct", "profile": "pure-kv", "poolPages": 1 << 16}
+    # pure-kv's first 4 layers at real size, 64-token pages: 16 GiB a rank
+    big = {"name": "meta-llama/Llama-3.1-8B-Instruct", "profile": "pure-kv", "poolPages": 1 << 14}
     small = {"replicas": 1, "resources": {"gpus": 0, "memory": "64Mi"}}
     apply(cluster, ns, pdpair_yaml("huge", 1, 1, model=big, prefill=small, decode=small))
 

@@ -26,7 +26,7 @@ def copy() -> Path:
 
 def test_the_copy_keeps_the_native_posters_library(copy: Path) -> None:
     """Built once per checkout (scripts/setup): an agent of the copy must not rebuild it at start-up."""
-    native = compiled.PACKAGE / "transports" / "native" / "_build"
+    native = compiled.PACKAGE / "transports" / "nixl" / "native" / "_build"
     libs = sorted(p.name for p in native.glob("libpdpair_nixl_poster-*.so"))
     assert libs, "scripts/setup builds the native poster"
     assert sorted(p.name for p in (copy / "dataplane/transports/nixl/native/_build").glob("*.so")) == libs
