@@ -226,7 +226,7 @@ def test_dead_decode_marked_down_by_heartbeat(tmp_path):
             urllib.request.urlopen(prefill[0].url + "/readyz", timeout=2)
         assert err.value.code == 503
         text = urllib.request.urlopen(prefill[0].url + "/metrics", timeout=2).read().decode()
-        assert 'pdpair_agent_peer_up{peer="decode-0@127.0.0.1",role="prefill"} 0.0' in text
+        assert 'pdpair_agent_peer_up{peer="decode-0@127.0.0.1",role="prefill",tp_rank="0"} 0.0' in text
 
 
 def test_prefill_replaced_behind_bootstrap_rehandshakes(tmp_path):

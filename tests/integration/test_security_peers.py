@@ -112,7 +112,7 @@ def test_spoofed_refusals_and_statuses_to_decode_change_nothing(pair: a.Pair) ->
 def test_refusals_reach_metrics(pair: a.Pair) -> None:
     with urllib.request.urlopen(pair.prefill.url + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    assert 'pdpair_peer_refusals_total{reason="unauthenticated",role="prefill"}' in text
+    assert 'pdpair_peer_refusals_total{reason="unauthenticated",role="prefill",tp_rank="0"}' in text
 
 
 def test_a_plain_peer_pairs_only_where_the_pdpair_allows_it(pair: a.Pair) -> None:
