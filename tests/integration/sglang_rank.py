@@ -330,14 +330,16 @@ def move(prefill: Rank, decode: Rank, rooms: list[Room], timeout: float = 30.0,
     while len(out) < len(rooms) and time.monotonic() < deadline:
         for r in rooms:
             s = senders[r.room]
-            # An aborted request (the schedulers' abort paths call ``abort()``): decode's at once, prefill's
-            # once decode's request reached it (its bootstrap queue holds the request by then).
-            if abort.get(r.room) == "decode":
-                receivers[r.room].abort()
-                del abort[r.room]
+            # An aborted request (the schedulers' abort paths call ``abort()``), mid-room: once decode's
+            # request reached prefill (its bootstrap queue holds the request by then), before prefill sends.
+            # A decode abort before prefill heard of the room ends prefill's room at its bootstrap timeout,
+            # as with sglang's own backends.
             if r.room not in sent and s.poll() == KVPoll.WaitingForInput:
-                if abort.pop(r.room, None) == "prefill":
+                side = abort.pop(r.room, None)
+                if side == "prefill":
                     s.abort()
+                elif side == "decode":
+                    receivers[r.room].abort()
                 else:
                     _send_chunks(prefill, s, r)
                 sent.add(r.room)
