@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from faults_support import FaultRow
+from hypothesis import HealthCheck, settings
 
 from devcluster import Cluster
 from devcluster.cluster import ensure_binaries
@@ -25,6 +26,11 @@ from devcluster.cluster import ensure_binaries
 # in the cache by a benchmark must not change what a test run exercises. scripts/test runs the agents'
 # integration tests a second time with PDPAIR_COMPILED=on (dataplane/compiled).
 os.environ.setdefault("PDPAIR_COMPILED", "off")
+
+# Property tests check what the code does, not how fast this machine draws inputs: on a shared 2-core
+# host a draw can stall for seconds, which Hypothesis's timing checks would report as a failure.
+settings.register_profile("pdpair", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("pdpair")
 
 
 def _existing_kubeconfig() -> Path | None:
