@@ -1,13 +1,15 @@
 """sglang's state-type names: every ``StateType`` of sglang 0.5.23 maps to a rule or is refused by name,
 and the older ``nsa`` is ``dsa`` wherever sglang's names reach us (engine, manifest, config).
 
-The enum is read from the sglang wheel's own ``disaggregation/base/conn.py`` (parsed with ``ast``, never
+The enum is read from the installed sglang 0.5.23's own ``disaggregation/base/conn.py`` (parsed with ``ast``, never
 imported), so a state type sglang adds or drops fails here until the mapping says what to do with it."""
 
 from __future__ import annotations
 
 import ast
-import zipfile
+import importlib.metadata
+import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -33,12 +35,11 @@ _BASE_CONN = "sglang/srt/disaggregation/base/conn.py"
 
 def _wheel_state_types() -> dict[str, str]:
     """``StateType`` member name → value, from the wheel's source."""
-    try:
-        wheel = sglang_ref.wheel_path()
-    except sglang_ref.ReferenceUnavailable as exc:
-        pytest.skip(f"sglang {sglang_ref.SGLANG_VERSION} wheel unavailable: {exc}")
-    with zipfile.ZipFile(wheel) as whl:
-        tree = ast.parse(whl.read(_BASE_CONN).decode())
+    spec = importlib.util.find_spec("sglang")  # scripts/setup installs sglang's CPU test set
+    assert spec is not None and spec.submodule_search_locations, "sglang is not installed: run scripts/setup"
+    assert importlib.metadata.version("sglang") == sglang_ref.SGLANG_VERSION
+    source = Path(next(iter(spec.submodule_search_locations))).parent / _BASE_CONN
+    tree = ast.parse(source.read_text())
     (enum,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "StateType")
     members = {}
     for stmt in enum.body:
