@@ -2,7 +2,8 @@
 and the older ``nsa`` is ``dsa`` wherever sglang's names reach us (engine, manifest, config).
 
 The enum is read from the installed sglang 0.5.23's ``disaggregation/base/conn.py`` (parsed with
-``ast``, never imported), so a state type sglang adds or drops fails here until the mapping says what to do with it."""
+``ast``, never imported), so a state type sglang adds or drops fails here until the mapping says
+what to do with it."""
 
 from __future__ import annotations
 
