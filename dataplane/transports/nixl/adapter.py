@@ -28,7 +28,7 @@ import numpy as np
 from ...config import NixlConfig
 from ...errors import PDPairError, TransferFailed, WireFormatError
 from ..base import MemoryRegion, Peer, Transfer, TransferState, Transport, Writes
-from .descriptors import Descriptions, Side
+from .descriptors import Descriptions, Side, quietly
 from .native import NativePoster, NativeUnavailable
 from .posting import Poster
 from .sdk import (
@@ -218,8 +218,8 @@ class NixlTransport(Transport):
                         peer.peer_id)
             self._leaked += handles
             return
-        errors = [self._quietly(h.release) for h in handles]
-        errors.append(self._quietly(self._agent.remove_remote_agent, name))
+        errors = [quietly(h.release) for h in handles]
+        errors.append(quietly(self._agent.remove_remote_agent, name))
         if any(errors):
             raise TransferFailed(f"nixl: disconnecting {peer.peer_id!r}: {next(e for e in errors if e)}")
 
@@ -336,7 +336,7 @@ class NixlTransport(Transport):
             transfer.fail(TransferFailed(f"nixl: transfer to {transfer.peer.peer_id!r} aborted"))
         for handle in handles:
             # A handle NIXL cannot cancel yet stays on the agent's leak list, freed when it closes.
-            self._quietly(handle.release)
+            quietly(handle.release)
 
     def close(self) -> None:
         if self._closed:
@@ -355,27 +355,19 @@ class NixlTransport(Transport):
                 return
             self._native = None
             for handle in self._leaked:
-                self._quietly(handle.release)
+                quietly(handle.release)
         self._leaked.clear()
         for peer in list(self._peers):
-            self._quietly(self.disconnect, peer)
+            quietly(self.disconnect, peer)
         for handle in self._local.handles():
-            self._quietly(handle.release)
+            quietly(handle.release)
         self._local.forget()
         for reg in self._reg:
-            self._quietly(self._agent.deregister_memory, reg)
+            quietly(self._agent.deregister_memory, reg)
         self._reg.clear()
         if self._efd is not None:
             os.close(self._efd)
             self._efd = None
-
-    @staticmethod
-    def _quietly(fn: Any, *args: Any) -> Exception | None:
-        try:
-            fn(*args)
-        except Exception as exc:
-            return exc
-        return None
 
 
 _ABANDONED: list[NixlTransport] = []

@@ -210,7 +210,7 @@ class Descriptions:
             log.warning("nixl: cannot prepare lists cut by grain for %r, not trying again: %s",
                         remote_side.agent, exc)
             for _, _, handle, _ in made:
-                _quietly(handle.release)
+                quietly(handle.release)
             remote.refusals = GRAIN_REFUSALS
             return False
         local.grains, remote.grains = lnew[1], rnew[1]
@@ -252,7 +252,8 @@ def exact_rows(side: Side, w: Writes, *, remote: bool) -> np.ndarray | list[tupl
     return rows
 
 
-def _quietly(fn: Any, *args: Any) -> Exception | None:
+def quietly(fn: Any, *args: Any) -> Exception | None:
+    """Run ``fn`` for cleanup: its exception is returned, not raised."""
     try:
         fn(*args)
     except Exception as exc:
