@@ -72,13 +72,24 @@ def _kv(kv_args: Any, is_mla: bool) -> tuple[KVSpec, list[tuple[int, int]]]:
             "beside the target's, say) are not supported; run without speculative decoding"
         )
     pages = _items("kv", lens, item_lens)
-    layer_ids = tuple(int(i) for i in kv_args.kv_layer_ids)
+    layer_ids = tuple(int(i) for i in kv_args.kv_layer_ids) or _positional(kv_args, len(ptrs), is_mla)
     if len(layer_ids) != len(ptrs):
         raise Unsupported(f"pdpair: {len(ptrs)} KV buffers but {len(layer_ids)} kv_layer_ids")
     dtype = KV_DTYPES.get(str(kv_args.kv_cache_dtype_str), "uint8")
     page = int(kv_args.page_size)
     spec = KVSpec(int(item_lens[0]), pages, layer_ids, page, dtype, "mla" if is_mla else "mha")
     return spec, [(int(p), spec.item_len * pages) for p in ptrs]
+
+
+def _positional(kv_args: Any, buffers: int, is_mla: bool) -> tuple[int, ...]:
+    """sglang's ``build_kv_layer_ids`` returns ``[]`` for pools that pair positionally (every pool but the
+    hybrid ones): K per layer then V per layer (MHA), one buffer per layer (MLA), from the first layer
+    this rank transfers."""
+    groups = 1 if is_mla else 2
+    if buffers % groups:
+        raise Unsupported(f"pdpair: {buffers} MHA KV buffers are not K and V per layer")
+    start = int(getattr(kv_args, "prefill_start_layer", 0) or 0)
+    return tuple(start + i for i in range(buffers // groups)) * groups
 
 
 def _aux(kv_args: Any) -> tuple[AuxSpec, list[tuple[int, int]]]:

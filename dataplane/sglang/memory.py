@@ -5,7 +5,9 @@ sglang allocates its pools itself. Device tensors are shared as they are: ``tran
 handle plus the offset inside it. A private host tensor cannot be shared after the fact, so host memory
 the agent must reach is allocated in a ``HostArena`` — one ``SharedPools`` memfd (huge pages when the
 host has them) carved into torch tensors — and ``relocate`` moves an object's CPU tensors there
-(``hooks`` does it for sglang's ``MetadataBuffers`` as they are built). ``share`` then names every
+(``hooks`` does it for sglang's ``MetadataBuffers`` as they are built), and ``rehome`` moves every CPU
+tensor an sglang pool object reaches (its per-layer buffer lists, sub-pools, Mamba caches) there in
+place, so each alias the pool holds keeps working. ``share`` then names every
 region: inside a live arena → ``fd`` region of that arena's descriptor; on a GPU → ``cuda_ipc``; any
 other pointer is refused with the buffer's name.
 """
@@ -80,6 +82,54 @@ def relocate(obj: Any, *, huge_pages: str = "auto") -> HostArena | None:
         new.copy_(old)
         setattr(obj, k, new)
     obj._pdpair_arena = arena
+    return arena
+
+
+def tensors_of(root: Any, *, depth: int = 6, limit: int = 100_000) -> list[Any]:
+    """Every torch tensor reachable from ``root`` through attributes, lists, tuples and dicts (bounded
+    in depth and in objects visited), each once."""
+    import torch
+
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack and len(seen) < limit:
+        obj, level = stack.pop()
+        if id(obj) in seen or level > depth:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.setdefault(id(obj), obj)
+        elif isinstance(obj, (list, tuple)):
+            stack += [(v, level + 1) for v in obj]
+        elif isinstance(obj, dict):
+            stack += [(v, level + 1) for v in obj.values()]
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not callable(obj):
+            stack += [(v, level + 1) for v in vars(obj).values()]
+    return list(found.values())
+
+
+def rehome(root: Any, *, huge_pages: str = "auto") -> HostArena | None:
+    """Move the storage of every CPU tensor reachable from ``root`` into one new arena (values copied,
+    ``Tensor.set_`` in place: views, offsets and every other reference keep pointing at the same
+    bytes); None if there is none."""
+    import torch
+
+    cpu = [t for t in tensors_of(root) if t.device.type == "cpu" and t.untyped_storage().nbytes()]
+    storages: dict[int, Any] = {}
+    for t in cpu:
+        storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
+    if not storages:
+        return None
+    arena = HostArena(sum(-(-s.nbytes() // ALIGN) * ALIGN for s in storages.values()), huge_pages=huge_pages)
+    moved = {}
+    for ptr, old in storages.items():
+        new = arena.tensor((old.nbytes(),), torch.uint8)
+        new.untyped_storage().copy_(old)
+        moved[ptr] = new.untyped_storage()
+    for t in cpu:
+        t.set_(moved[t.untyped_storage().data_ptr()], t.storage_offset(), t.size(), t.stride())
+    root._pdpair_arena = arena
     return arena
 
 

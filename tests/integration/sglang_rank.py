@@ -1,11 +1,16 @@
 """One sglang scheduler rank's disaggregation side, driven as sglang 0.5.23 drives it, minus the model.
 
-sglang's model runner and memory pools need a GPU, so a rank here holds pools of the same shapes and
-buffer lists as sglang's (``Family`` below: MHA / MLA per-layer KV buffers, Mamba conv + temporal
-slots, DSA index-key pages, SWA pages) and fills ``KVArgs`` field by field as
+A rank holds sglang's own pools, built by ``build_pools`` with the classes and arguments sglang's
+``KVCacheConfigurator`` uses: ``HybridReqToTokenPool`` (its ``MambaPool``, shaped by sglang's own
+``Qwen3NextConfig.mamba2_cache_params``) + ``HybridLinearKVPool`` for Qwen3-Next, ``DSATokenToKVPool``
+(MLA + DSA index keys) for DeepSeek-V3.2, ``SWAKVPool`` over two ``MHATokenToKVPool`` for gpt-oss; all
+of them run on CPU (``device="cpu"``) and on CUDA. ``KVArgs`` is filled as
 ``disaggregation/prefill.py::PrefillBootstrapQueue._init_kv_manager`` and
-``decode.py::DecodePreallocQueue._init_kv_manager`` do, with sglang's own ``append_state_component``
-(``disaggregation/utils.py``) for the state components and sglang's own ``MetadataBuffers`` for aux.
+``decode.py::DecodePreallocQueue._init_kv_manager`` fill it, the pools read by sglang's own
+``get_kv_transfer_buf_infos`` / ``build_kv_layer_ids`` / ``setup_state_kv_args``
+(``get_contiguous_buf_infos``, ``get_state_buf_infos``, ``get_state_dim_per_tensor``,
+``get_state_conv_shard_groups``, ... underneath)
+and sglang's own ``MetadataBuffers.get_buf_infos`` for aux.
 Everything after that is sglang's code path: the classes come from sglang's ``get_kv_class``, and the
 calls follow (file::function):
 
@@ -19,8 +24,8 @@ calls follow (file::function):
   ``_send_kv_metadata`` (``send_metadata(pages, aux, state, decode_prefix_len)``),
   ``DecodeTransferQueue.pop_transferred`` (poll until Success / Failed).
 
-Prefill fills its source items with random bytes; decode checks every destination byte per component
-and that nothing outside its destinations was written.
+Prefill fills its source items with random bytes through views on the pools' own storage; decode checks
+every destination byte per component and that nothing outside its destinations was written.
 """
 
 from __future__ import annotations
@@ -70,51 +75,95 @@ class StateComp:
 
 @dataclass(frozen=True)
 class Family:
-    """A model family's pool geometry at test scale (item sizes in bytes)."""
+    """A model family: the sglang pool its model runner builds, at test scale (token counts), with the
+    model's per-token geometry (heads, head dims, MLA ranks) where the CPU suite can afford it."""
 
     name: str
+    pool: str  # "hybrid_linear" (Mamba/GDN + MHA), "dsa" (MLA + index keys), "swa" (full + sliding MHA)
     layers: int
     page_size: int = 16
-    kv_pages: int = 64
-    kv_layers: tuple[int, ...] = ()
-    mla: bool = False
-    kv_item: int = 2048
+    kv_tokens: int = 1024
+    full_layers: tuple[int, ...] = ()
+    kv_heads: int = 2
+    head_dim: int = 64
     mamba_slots: int = 0
-    swa_pages: int = 0
-    dsa_item: int = 0
+    swa_tokens: int = 0
+
+    @property
+    def kv_pages(self) -> int:
+        return self.kv_tokens // self.page_size
 
 
-QWEN3_NEXT = Family("qwen3-next", layers=8, kv_layers=(3, 7), mamba_slots=8)
-DEEPSEEK_V32 = Family("deepseek-v3.2", layers=4, kv_layers=(0, 1, 2, 3), mla=True, kv_item=16 * 576 * 2,
-                      dsa_item=16 * 132)
-GPT_OSS = Family("gpt-oss", layers=4, kv_layers=(1, 3), swa_pages=32)
+# Qwen3-Next: 2 KV heads of 256 (real); its GDN layers scaled down (real: 16 key / 32 value heads of 128).
+QWEN3_NEXT = Family("qwen3-next", "hybrid_linear", layers=8, full_layers=(3, 7), kv_heads=2, head_dim=256,
+                    mamba_slots=8)
+# DeepSeek-V3.2: MLA rank 512 + rope 64, index keys of 128, 64-token pages (DSATokenToKVPool requires it).
+DEEPSEEK_V32 = Family("deepseek-v3.2", "dsa", layers=4, page_size=64, kv_tokens=4096)
+# gpt-oss: 8 KV heads of 64; full attention on odd layers, a sliding window on even ones.
+GPT_OSS = Family("gpt-oss", "swa", layers=4, full_layers=(1, 3), kv_heads=8, head_dim=64, swa_tokens=512)
 FAMILIES = {f.name: f for f in (QWEN3_NEXT, DEEPSEEK_V32, GPT_OSS)}
 
 
-class Memory:
-    """Where a rank's pools live: PDPair host arenas (CPU) or CUDA (the GPU run)."""
+def build_pools(family: Family, attn_tp: int, device: str) -> tuple[Any, Any]:
+    """sglang's own pool classes, with the arguments ``mem_cache/kv_cache_configurator.py`` passes
+    (``_build_hybrid_req_pool`` + ``_build_hybrid_linear_kv_pool``, ``_build_dsa_kv_pool``,
+    ``_build_hybrid_swa_kv_pool``), on ``device``. Returns (token_to_kv_pool, req_to_token_pool or
+    None). The parallel widths the pools read are stated with sglang's ``get_parallel().override``, as
+    no process groups exist here."""
+    from sglang.srt.mem_cache.memory_pool import (
+        DSATokenToKVPool,
+        HybridLinearKVPool,
+        HybridReqToTokenPool,
+        MHATokenToKVPool,
+    )
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.runtime_context import get_parallel
 
-    def __init__(self, device: str):
-        self.device = device
-        self.arenas: list[Any] = []
+    t, f = _torch(), family
+    with get_parallel().override(attn_tp_size=attn_tp, attn_dcp_size=1, enable_cp_tp_group_sharing=False):
+        if f.pool == "hybrid_linear":
+            from sglang.srt.configs.qwen3_next import Qwen3NextConfig
 
-    def zeros(self, items: int, item_len: int) -> Tensor:
-        t = _torch()
-        if self.device == "cuda":
-            return Tensor(t.zeros((items, item_len), dtype=t.uint8, device="cuda"))
-        from dataplane.sglang.memory import HostArena
-
-        arena = HostArena(items * item_len, huge_pages="never")
-        self.arenas.append(arena)
-        return Tensor(arena.tensor((items, item_len), t.uint8))
-
-    def close(self) -> None:
-        for a in self.arenas:
-            a.close()
+            config = Qwen3NextConfig(
+                num_hidden_layers=f.layers, full_attention_interval=f.full_layers[0] + 1,
+                num_key_value_heads=f.kv_heads, head_dim=f.head_dim, linear_num_key_heads=4,
+                linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
+                linear_conv_kernel_dim=4,
+            )
+            assert tuple(config.full_attention_layer_ids) == f.full_layers
+            req_pool = HybridReqToTokenPool(
+                size=f.mamba_slots, mamba_size=f.mamba_slots, mamba_spec_state_size=f.mamba_slots,
+                max_context_len=f.kv_tokens, device=device, enable_memory_saver=False,
+                cache_params=config.mamba2_cache_params, mamba_layer_ids=config.linear_layer_ids,
+                enable_mamba_extra_buffer=False,
+            )
+            pool = HybridLinearKVPool(
+                size=f.kv_tokens, dtype=t.bfloat16, page_size=f.page_size, head_num=f.kv_heads // attn_tp,
+                head_dim=f.head_dim, full_attention_layer_ids=list(f.full_layers), device=device,
+                mamba_pool=req_pool.mamba_pool,
+            )
+            return pool, req_pool
+        if f.pool == "dsa":
+            return DSATokenToKVPool(
+                f.kv_tokens, page_size=f.page_size, dtype=t.bfloat16, kv_lora_rank=512,
+                qk_rope_head_dim=64, layer_num=f.layers, device=device, enable_memory_saver=False,
+                kv_cache_dim=576, index_head_dim=128,
+            ), None
+        swa = [i for i in range(f.layers) if i not in f.full_layers]
+        return SWAKVPool(
+            size=f.kv_tokens, size_swa=f.swa_tokens, page_size=f.page_size, dtype=t.bfloat16,
+            head_num=f.kv_heads // attn_tp, head_dim=f.head_dim, swa_attention_layer_ids=swa,
+            full_attention_layer_ids=list(f.full_layers), device=device, enable_kv_cache_copy=False,
+            token_to_kv_pool_class=MHATokenToKVPool, enable_memory_saver=False,
+        ), None
 
 
 class Rank:
-    """One scheduler rank of one role: its pools, ``KVArgs``, the pdpair manager and its rooms."""
+    """One scheduler rank of one role: sglang's pools, its ``KVArgs``, the pdpair manager and its rooms.
+
+    On a CPU rank the pools' storage moves into a PDPair host arena (``dataplane.sglang.memory.rehome``)
+    before ``KVArgs`` is read, as the agent can map no private host memory; on CUDA the pools stay where
+    sglang allocated them and go by IPC handle."""
 
     def __init__(self, role: str, family: Family, *, tp_size: int = 1, tp_rank: int = 0, dp_size: int = 1,
                  device: str = "cpu", aux_slots: int = 8, server_overrides: dict[str, Any] | None = None):
@@ -126,87 +175,88 @@ class Rank:
             get_kv_class,
         )
 
+        from dataplane.sglang.memory import rehome
+
         t = _torch()
-        self.role, self.family, self.mem = role, family, Memory(device)
+        self.role, self.family, self.device = role, family, device
         self.backend = TransferBackend("pdpair")
         self.get_kv_class, self.KVClassType = get_kv_class, KVClassType
-        attn_tp = tp_size // dp_size
-        kv_item = family.kv_item if family.mla else family.kv_item // attn_tp  # MHA heads split by TP
-        self.kv = [self.mem.zeros(family.kv_pages, kv_item)
-                   for _ in range(len(family.kv_layers) * (1 if family.mla else 2))]
-        self.states = self._states(attn_tp)
+        self.pool, self.req_pool = build_pools(family, tp_size // dp_size, device)
+        self.arenas = [a for a in (rehome(self.pool), self.req_pool and rehome(self.req_pool))
+                       if device == "cpu" and a is not None]
         # sglang's own MetadataBuffers (the plugin's hook moves its tensors where the agent reaches them).
         self.metadata = MetadataBuffers(aux_slots, hidden_size=64, hidden_states_dtype=t.bfloat16,
                                         max_sampling_mask_tokens=16, max_top_logprobs_num=8)
         self.free_aux = list(range(aux_slots))
         self.free: dict[str, list[int]] = {}
         self.kv_args = self._kv_args(get_kv_class(self.backend, KVClassType.KVARGS)(), tp_rank)
+        self.kv, self.states = self._views()
         manager_class = get_kv_class(self.backend, KVClassType.MANAGER)
         mode = DisaggregationMode.PREFILL if role == "prefill" else DisaggregationMode.DECODE
         args = {"tp_size": tp_size, "attn_dp_size": dp_size} | (server_overrides or {})
         self.server_args = server_args(role=role, **args)
-        self.manager = manager_class(self.kv_args, mode, self.server_args, family.mla)
-
-    # ---- pools, as sglang's memory pools lay them out ------------------------------------------
-    def _states(self, attn_tp: int) -> list[StateComp]:
-        f, out = self.family, []
-        if f.mamba_slots:
-            linear = [i for i in range(f.layers) if i not in f.kv_layers]
-            conv_dim, kernel, heads, kd, vd = 3 * 128 // attn_tp, 3, 4 // attn_tp, 32, 32
-            conv = [self.mem.zeros(f.mamba_slots + 1, conv_dim * kernel * 2) for _ in linear]
-            temporal = [self.mem.zeros(f.mamba_slots + 1, heads * kd * vd * 4) for _ in linear]
-            groups = [[128, 128, 128]] * len(linear) + [None] * len(linear)
-            dims = [conv_dim] * len(linear) + [heads] * len(linear)
-            out.append(StateComp("mamba", conv + temporal, dims=dims, layer_ids=linear * 2,
-                                 conv_groups=groups, outer_counts=[1] * (2 * len(linear))))
-        if f.dsa_item:
-            out.append(StateComp("dsa", [self.mem.zeros(f.kv_pages, f.dsa_item) for _ in f.kv_layers]))
-        if f.swa_pages:
-            swa = [i for i in range(f.layers) if i not in f.kv_layers]
-            item = f.kv_item // attn_tp
-            out.append(StateComp("swa", [self.mem.zeros(f.swa_pages, item) for _ in swa * 2]))
-        return out
+        self.manager = manager_class(self.kv_args, mode, self.server_args, family.pool == "dsa")
 
     def _kv_args(self, kv_args: Any, tp_rank: int) -> Any:
-        """Field by field as ``prefill.py::PrefillBootstrapQueue._init_kv_manager`` (decode's is the same
-        list), with sglang's ``append_state_component`` for every state component."""
-        from sglang.srt.disaggregation.base.conn import StateType
-        from sglang.srt.disaggregation.utils import append_state_component
+        """Field by field as ``prefill.py::PrefillBootstrapQueue._init_kv_manager`` (0.5.23 lines
+        257-357; ``decode.py::DecodePreallocQueue._init_kv_manager``, lines 600-690, is the same list),
+        with sglang's own ``get_kv_transfer_buf_infos``, ``build_kv_layer_ids`` and
+        ``setup_state_kv_args`` (``disaggregation/utils.py``) reading the pools."""
+        from sglang.srt.disaggregation.utils import (
+            build_kv_layer_ids,
+            get_kv_transfer_buf_infos,
+            setup_state_kv_args,
+        )
 
-        f = self.family
+        pool, f = self.pool, self.family
         kv_args.engine_rank = tp_rank
         kv_args.pp_rank = 0
         kv_args.system_dp_rank = 0
         kv_args.rust_http_port = None
         kv_args.kv_cache_dtype_str = "auto"
-        kv_args.kv_layout = None
-        kv_args.prefill_start_layer = 0
-        kv_args.prefill_end_layer = f.layers
-        kv_args.kv_data_ptrs = [b.data.data_ptr() for b in self.kv]
-        kv_args.kv_data_lens = [b.data.nbytes for b in self.kv]
-        kv_args.kv_item_lens = [b.item_len for b in self.kv]
+        kv_args.kv_layout = None  # get_pd_kv_layout: None but for DeepSeek-V4 pools
+        kv_args.prefill_start_layer = 0  # _transfer_start_layer: the pools start at layer 0
+        kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = get_kv_transfer_buf_infos(pool)
+        kv_args.prefill_end_layer = getattr(pool, "end_layer", None)
         kv_args.num_draft_entries = 0
-        kv_args.kv_layer_ids = list(f.kv_layers) * (1 if f.mla else 2)
-        kv_args.page_size = f.page_size
+        kv_args.kv_layer_ids = build_kv_layer_ids(token_to_kv_pool=pool, draft_token_to_kv_pool=None,
+                                                  num_draft_entries=0, num_hidden_layers=f.layers)
+        if f.pool != "dsa":
+            kv_args.kv_head_num = pool.head_num
+            kv_args.total_kv_head_num = f.kv_heads
+        kv_args.page_size = pool.page_size
         kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens = self.metadata.get_buf_infos()
         kv_args.ib_device = None
         kv_args.gpu_id = 0
-        # setup_state_kv_args (disaggregation/utils.py) starts from empty lists, then appends.
-        for name in ("state_types", "state_data_ptrs", "state_data_lens", "state_item_lens",
-                     "state_dim_per_tensor", "state_slice_outer_counts", "state_layer_ids",
-                     "state_conv_shard_groups"):
-            setattr(kv_args, name, [])
-        kv_args.is_hybrid_mla_backend = False
-        kv_args.swa_kv_cache_layout = None
-        kv_args.mla_compression_ratios = None
-        for comp in self.states:
-            append_state_component(
-                kv_args, StateType(comp.state_type), [t.data.data_ptr() for t in comp.tensors],
-                [t.data.nbytes for t in comp.tensors], [t.item_len for t in comp.tensors],
-                comp.dims or None, comp.conv_groups or None, comp.outer_counts or None,
-                comp.layer_ids or None,
-            )
+        setup_state_kv_args(kv_args, pool, None, f.layers, req_to_token_pool=self.req_pool)
         return kv_args
+
+    def _views(self) -> tuple[list[Tensor], list[StateComp]]:
+        """A uint8 ``[items, item_len]`` view of every buffer ``KVArgs`` registers, on the pools' own
+        storage (found among the tensors the pools hold): what prefill fills and decode checks."""
+        from dataplane.sglang.memory import tensors_of
+
+        t, a = _torch(), self.kv_args
+        storages = {s.data_ptr(): s for s in (x.untyped_storage() for x in
+                                              tensors_of(self.pool) + tensors_of(self.req_pool))}
+
+        def view(ptr: int, nbytes: int, item_len: int) -> Tensor:
+            base = max((p for p, s in storages.items() if p <= ptr < p + s.nbytes()), default=None)
+            assert base is not None, f"{self.role}: no pool tensor holds {ptr:#x}"
+            out = t.empty(0, dtype=t.uint8, device=storages[base].device)
+            return Tensor(out.set_(storages[base], ptr - base, (nbytes // item_len, item_len)))
+
+        kv = [view(*b) for b in zip(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens, strict=True)]
+        states = [
+            StateComp(str(getattr(st, "value", st)),
+                      [view(*b) for b in zip(a.state_data_ptrs[ci], a.state_data_lens[ci],
+                                             a.state_item_lens[ci], strict=True)],
+                      dims=list(a.state_dim_per_tensor[ci]), layer_ids=list(a.state_layer_ids[ci]),
+                      conv_groups=list(a.state_conv_shard_groups[ci]),
+                      outer_counts=list(a.state_slice_outer_counts[ci]))
+            for ci, st in enumerate(a.state_types)
+        ]
+        return kv, states
 
     # ---- what the scheduler creates per request ------------------------------------------------
     def sender(self, room: int) -> Any:
@@ -232,7 +282,9 @@ class Rank:
 
     def close(self) -> None:
         self.manager.teardown()
-        self.mem.close()
+        self.kv, self.states = [], []
+        for arena in self.arenas:
+            arena.close()
 
 
 def _aux_tensors(metadata: Any) -> list[Any]:

@@ -156,7 +156,7 @@ def test_decode_with_a_cached_prefix_receives_only_the_rest(plugin, tmp_path, fa
     with Pods(tmp_path, family) as pods:
         page = pods.family.page_size
         rooms = [plan_room(pods.prefill, pods.decode, 2000 + i, tokens, rng, prefix_tokens=prefix)
-                 for i, (tokens, prefix) in enumerate(((160, 2 * page), (100, 5 * page)))]
+                 for i, (tokens, prefix) in enumerate(((10 * page, 2 * page), (6 * page + 4, 5 * page)))]
         for r in rooms:
             fill_source(pods.prefill, r, rng)
         assert move(pods.prefill, pods.decode, rooms) == {r.room: (SUCCESS, "") for r in rooms}

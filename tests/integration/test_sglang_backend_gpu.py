@@ -1,7 +1,13 @@
-"""The sglang backend on a GPU: each sglang rank's pools in CUDA memory, handed to its agent by CUDA IPC
-handle (``dataplane.sglang.memory.share``: the allocation holding each pointer, plus the offset), sglang's
-``MetadataBuffers`` moved to the device by the plugin's hook, bytes GPU to GPU over NIXL, every byte
-verified per component. Prints GB/s per case (rooms' bytes over the wall time of ``move``).
+"""The sglang backend on a GPU: sglang's own pool classes on CUDA (``sglang_rank.build_pools``), each
+rank's pools handed to its agent by CUDA IPC handle (``dataplane.sglang.memory.share``: the allocation
+holding each pointer, plus the offset), sglang's ``MetadataBuffers`` moved to the device by the
+plugin's hook, bytes GPU to GPU over the ``cuda-ipc`` transport, every byte verified per component.
+
+Prints GB/s per case: the rooms' bytes over the wall time of ``move`` (sglang's sender / receiver calls,
+the local API, both agents, the transport), and beside it the synthetic figure for the same layout:
+the same schemas (what each agent adopted from sglang's ``KVArgs``) and the same rooms planned by the
+planner and written by the ``cuda-ipc`` transport alone between synthetic pools in one process, as
+``bench/gpu_ipc.py`` measures it (median of 5, every byte verified).
 
 Runs where torch sees a CUDA device (the H200 machine):
 ``python -m pytest -q -s --noconftest tests/integration/test_sglang_backend_gpu.py``.
@@ -11,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,14 +28,21 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.disaggregation.base.conn")
 pytestmark = [
-    pytest.mark.nixl,
     pytest.mark.slow,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
 from dataplane.config import AgentConfig, ModelConfig, TransferConfig  # noqa: E402
 from dataplane.localapi.launch import SidecarPair, wait_for  # noqa: E402
-from tests.integration.sglang_rank import FAMILIES, Rank, fill_source, move, plan_room, verify  # noqa: E402
+from tests.integration.sglang_rank import (  # noqa: E402
+    FAMILIES,
+    Rank,
+    Room,
+    fill_source,
+    move,
+    plan_room,
+    verify,
+)
 
 ROOMS, TOKENS = 16, 4096
 
@@ -44,10 +59,19 @@ def plugin():
     hooks.force_host_arenas(False)
 
 
+def gpu_family(name: str) -> Any:
+    """The family with pools for ``ROOMS`` rooms of ``TOKENS`` tokens at once."""
+    f = FAMILIES[name]
+    return dataclasses.replace(f, kv_tokens=ROOMS * TOKENS + 16 * f.page_size,
+                               mamba_slots=ROOMS + 2 if f.mamba_slots else 0,
+                               swa_tokens=(ROOMS * 4 + 8) * f.page_size if f.swa_tokens else 0)
+
+
 @pytest.mark.parametrize("family", ["qwen3-next", "deepseek-v3.2", "gpt-oss"])
 def test_sglang_cuda_pools_through_ipc_verified_with_rate(plugin, tmp_path: Path, family: str):
-    fam = dataclasses.replace(FAMILIES[family], kv_pages=ROOMS * TOKENS // 16 + 64)
-    transfer = TransferConfig(timeout_seconds=30, heartbeat_interval_seconds=0.5, device="cuda")
+    fam = gpu_family(family)
+    transfer = TransferConfig(timeout_seconds=60, heartbeat_interval_seconds=0.5, device="cuda",
+                              backend="cuda-ipc")
     cfg = AgentConfig(model=ModelConfig(profile=None), transfer=transfer)
     pair = SidecarPair(cfg, tmp_path)
     ranks: dict[str, Rank] = {}
@@ -76,11 +100,75 @@ def test_sglang_cuda_pools_through_ipc_verified_with_rate(plugin, tmp_path: Path
             for name, n in verify(ranks["prefill"], ranks["decode"], r).items():
                 moved[name] = moved.get(name, 0) + n
         total = sum(moved.values())
+        synthetic, planned = synthetic_gbps(ranks["prefill"], ranks["decode"], rooms)
         parts = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(moved.items()))
         print(f"\nsglang pdpair GPU {family}: {ROOMS} rooms x {TOKENS} tokens, "
-              f"{total / 1e6:.1f} MB ({parts}) in {wall * 1e3:.1f} ms: {total / wall / 1e9:.2f} GB/s")
+              f"{total / 1e6:.1f} MB ({parts}) in {wall * 1e3:.1f} ms: {total / wall / 1e9:.2f} GB/s; "
+              f"synthetic same layout {synthetic:.2f} GB/s ({planned / 1e6:.1f} MB planned)")
     finally:
         for rank in ranks.values():
             rank.close()
         for agent in pair.agents.values():
             agent.stop()
+
+
+def synthetic_gbps(prefill: Rank, decode: Rank, rooms: list[Room], reps: int = 5) -> tuple[float, int]:
+    """The same rooms through the ``cuda-ipc`` transport alone, between synthetic pools of the two
+    schemas the agents adopted; GB/s (median of ``reps``: every room written, until the last is done)
+    and the bytes per run. Verifies every byte of the last run."""
+    from dataplane.planner import PeerLayout, RequestIndices, plan_request
+    from dataplane.sglang.layout import layout_from_kvargs
+    from dataplane.transports import MemoryRegion, TransferState, Writes
+    from dataplane.transports.cuda_ipc import CudaIpcTransport
+
+    mla = prefill.family.pool == "dsa"
+    local, peer = (layout_from_kvargs(r.kv_args, model="m", tp_size=1, tp_rank=0, is_mla=mla).schema
+                   for r in (prefill, decode))
+    lsizes, rsizes = [r.size for r in local.regions()], [r.size for r in peer.regions()]
+    loffs, roffs = _offsets(lsizes), _offsets([*rsizes, 0])
+    src = torch.randint(0, 256, (_offsets([*lsizes, 0])[-1],), dtype=torch.uint8, device="cuda")
+    dst = torch.zeros(roffs[-1], dtype=torch.uint8, device="cuda")
+    transport = CudaIpcTransport(0)
+    blobs = transport.register(
+        [MemoryRegion(src.data_ptr() + o, s, "cuda", 0) for o, s in zip(loffs, lsizes, strict=False)]
+        + [MemoryRegion(dst.data_ptr() + o, s, "cuda", 0) for o, s in zip(roffs, rsizes, strict=False)]
+    )
+    conn = transport.connect("self", transport.endpoint(), blobs)
+    nl, writes = len(lsizes), []
+    for r in rooms:
+        req = RequestIndices.of(r.src_pages, r.dst_pages, r.src_aux, r.dst_aux, r.src_state, r.dst_state)
+        p = Writes.of(plan_request(local, PeerLayout.from_schema(peer), req))
+        writes.append(Writes(p.local_region, p.local_offset, p.remote_region + nl, p.remote_offset, p.size,
+                             p.repeat))
+    rates = []
+    for _ in range(reps):
+        dst.zero_()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        transfers = [transport.write(conn, w) for w in writes]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not any(transport.poll(t) is TransferState.IN_PROGRESS for t in transfers):
+                break
+        assert all(transport.poll(t) is TransferState.DONE for t in transfers)
+        rates.append(sum(w.nbytes for w in writes) / (time.perf_counter() - t0) / 1e9)
+    torch.cuda.synchronize()
+    for w in writes:
+        e = w.expanded()
+        for k in range(len(e)):
+            a = int(loffs[int(e.local_region[k])] + int(e.local_offset[k]))
+            b = int(roffs[int(e.remote_region[k]) - nl] + int(e.remote_offset[k]))
+            n = int(e.size[k])
+            assert torch.equal(src[a:a + n], dst[b:b + n]), f"synthetic write {k} differs"
+    transport.close()
+    return statistics.median(rates), sum(w.nbytes for w in writes)
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    """Each region's offset in one allocation, 256-byte aligned (the last entry: the total with a
+    trailing zero size)."""
+    out, at = [], 0
+    for size in sizes:
+        out.append(at)
+        at += -(-size // 256) * 256
+    return out

@@ -77,3 +77,22 @@ def test_dsa_tail_is_refused_by_name():
     utils.append_state_component(a, conn.StateType.DSA_TAIL, [0x70000], [64], [8])
     with pytest.raises(Unsupported, match=r"^pdpair: .*'dsa_tail' is not supported by PDPair"):
         layout_from_kvargs(a, model="m", tp_size=1, tp_rank=0, is_mla=False)
+
+
+@pytest.mark.parametrize(("is_mla", "ptrs", "ids"), [
+    (False, [0x1000, 0x9000, 0x11000, 0x19000], (4, 5, 4, 5)),  # K per layer, then V per layer
+    (True, [0x1000, 0x9000], (4, 5)),
+])
+def test_pools_sglang_pairs_by_position_get_layer_ids_by_position(is_mla, ptrs, ids):
+    """``build_kv_layer_ids`` gives ``[]`` for every pool but the hybrid ones."""
+    a = kv_args(kv_layer_ids=[], kv_data_ptrs=ptrs, kv_data_lens=[4096 * 8] * len(ptrs),
+                kv_item_lens=[4096] * len(ptrs))
+    a.prefill_start_layer = 4
+    layout = layout_from_kvargs(a, model="m", tp_size=1, tp_rank=0, is_mla=is_mla)
+    assert layout.schema.kv.layer_ids == ids
+
+
+def test_an_odd_count_of_positional_mha_buffers_is_refused():
+    a = kv_args(kv_layer_ids=[], kv_data_ptrs=[0x1000], kv_data_lens=[4096 * 8], kv_item_lens=[4096])
+    with pytest.raises(Unsupported, match=r"^pdpair: 1 MHA KV buffers are not K and V per layer$"):
+        layout_from_kvargs(a, model="m", tp_size=1, tp_rank=0, is_mla=False)
