@@ -68,7 +68,10 @@ for mod in sorted({m for p in list(files) if p.suffix == ".py" for m in lazy(p)}
                 init = site / parent / "__init__.py"
                 if init.is_file():
                     files.add(init.resolve())
-so = sorted(str(f.relative_to(site)) for f in files if f.suffix != ".py")
+# data folders sglang's code locates by path at import (sglang/kernels/jit/utils/compile/paths.py)
+for data in ("sglang/kernels/jit/include", "sglang/kernels/jit/csrc"):
+    files |= {f.resolve() for f in (site / data).rglob("*") if f.is_file() and f.suffix != ".so"}
+so = sorted(str(f.relative_to(site)) for f in files if f.suffix == ".so")
 if so:
     sys.exit(f"the closure needs compiled sglang modules (cp311 only): {so}")
 for f in files:
