@@ -236,8 +236,9 @@ def _agent_pair(cfg: Any) -> dict[str, float]:
     rooms = max(1, cfg.synthetic.requests)
     cpu = {k: (v if v is not None else math.nan) / rooms * 1e6 for k, v in st["prefill_cpu"].items()}
     dcpu = {k: (v if v is not None else math.nan) / rooms * 1e6 for k, v in st["decode_cpu"].items()}
+    counted = max(1, cfg.synthetic.requests - cfg.synthetic.warmup)  # warm-up rooms are not in the stats
     return {
-        "gbps": total / window / 1e9 if window else 0.0, "p50_us": p50, "bytes_per_room": total / max(1, cfg.synthetic.requests - cfg.synthetic.warmup),
+        "gbps": total / window / 1e9 if window else 0.0, "p50_us": p50, "bytes_per_room": total / counted,
         "prefill_cpu_us": cpu["process_seconds"], "prefill_worker_cpu_us": cpu["worker_seconds"],
         "decode_worker_cpu_us": dcpu["worker_seconds"],
     }

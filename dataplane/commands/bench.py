@@ -270,8 +270,8 @@ def mix_config(
     skew = max(prefill_tp, decode_tp) // min(prefill_tp, decode_tp)
     return AgentConfig(
         model=ModelConfig(
-            profile=profile, pool_pages=128 * max(4, inflight) * skew, max_requests=max(16, 2 * inflight) * skew,
-            prefault=True,
+            profile=profile, pool_pages=128 * max(4, inflight) * skew,
+            max_requests=max(16, 2 * inflight) * skew, prefault=True,
         ),
         prefill=RoleConfig(tp_size=prefill_tp),
         decode=RoleConfig(tp_size=decode_tp),
