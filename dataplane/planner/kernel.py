@@ -3,9 +3,10 @@
 ``CommonShape.plan`` in numpy is about twenty numpy calls, each a fixed ~0.5-1.5 µs whatever its size,
 for ~2,600 rows; this kernel does the same work in one call: one pass over both sides' pages (range
 check and the runs), the three output arrays, the runs copied for every KV buffer, and the
-single-index rows. The call needs at least one page (``CommonShape`` never calls it with none). It writes exactly the numpy path's rows (the tests
-compare the two, and both with the general path); it declines (empty arrays) where the numpy path
-declines on range, and the caller then falls back the same way.
+single-index rows. The call needs at least one page (``CommonShape`` never calls it with none). It
+writes exactly the numpy path's rows (the tests compare the two, and both with the general path); it
+declines (empty arrays) where the numpy path declines on range, and the caller then falls back the
+same way.
 
 numba is an optional dependency (the ``agent`` extra pins it): without it, or with
 ``PDPAIR_PLANNER_KERNEL=0`` in the environment, ``KERNEL`` is ``None`` and the numpy path runs.

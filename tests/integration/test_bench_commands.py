@@ -28,7 +28,8 @@ def cli(*args: str) -> list[dict[str, Any]]:
 
 def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
     """With the compiled agent modules (the benchmark's default, built here if the cache has none)."""
-    rows = cli("bench", "transfer", *TINY, "--mix", "qwen3-next", "--repeat", "1", "--inflight", "2")
+    args = ("--mix", "qwen3-next", "--tp-rooms", "", "--repeat", "1", "--inflight", "2")
+    rows = cli("bench", "transfer", *TINY, *args)
     assert [r["case"] for r in rows] == ["64KiB", "mix:qwen3-next"]
     for r in rows:
         assert r["compiled"] is True
@@ -41,6 +42,7 @@ def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
         assert r["ratio_threaded_runs"][0] == pytest.approx(r["ratio_agent_vs_raw_threaded"], rel=0.02)
         assert r["prefill_worker_cpu_us"] > 0 and r["prefill_cpu_us"] >= 0  # from /proc; None fails
         assert r["decode_worker_cpu_us"] > 0
+        assert r["verified"] is True and r["agent_bytes_per_request"] == r["bytes_per_request"] > 0, r
 
 
 def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> None:
