@@ -1,7 +1,9 @@
 """The ``cuda-ipc`` transport alone, in one process: how long ``write`` takes to return (host planning
 and the launches) and until its event is done, for 4 KiB..64 MiB page batches (docs/gpu.md), and for
 Qwen3-Next rooms between equal and mismatched TP sizes (``rooms``: the planner's compact plan as the
-agent hands it over, verified byte for byte; docs/benchmarks.md).
+agent hands it over, and each TP-mismatched room once more expanded to one write per head slice,
+verified byte for byte). A probe: the rooms' standing figures come from ``bench/gpu_transfer.py``,
+which runs them between two processes beside the other cases (docs/benchmarks.md).
 
 The transport is connected to its own second region (a process cannot open its own IPC handles, so
 the same-process peer uses the addresses as they are), so no NIXL agent shares the process. Needs a

@@ -3,9 +3,11 @@
 Run on a CUDA machine (one command; prints a table last):
 
     PYTHONUNBUFFERED=1 python3 bench/gpu_transfer.py [--json out.json] [--slot-mib 64,256] [--cases ...]
+        [--paths all|ipc]
 
 For each case (block sizes 4 KiB..64 MiB, scattered; a Qwen3-Next-like and a DeepSeek-V3.2-like
-request at full size) it measures, side by side in one run:
+request at full size; Qwen3-Next rooms of 32K tokens from a prefill rank to a decode rank of equal
+and of different TP sizes, ``gpu_cases.ROOMS``) it measures, side by side in one run:
 
 - ``d2d``: a torch device-to-device copy of the same number of bytes (the device's limit; GB/s
   counts bytes moved once);
@@ -18,9 +20,17 @@ request at full size) it measures, side by side in one run:
   through CUDA IPC, the whole plan one launch of the copy kernel, page to page; done at its CUDA event;
   ``ipc xN`` (with ``--inflight N``): N such writes back to back, GB/s over all N (rooms in flight).
 
+``--paths ipc`` measures ``d2d`` and ``ipc`` alone and needs no NIXL. A TP-mismatched room goes to
+the transports as the agent hands it over: compact (strided rows) to ``ipc`` and ``direct``, expanded
+to one row per write for ``raw`` and the staged paths; its ``ipc`` GB/s is also given as a share of
+its equal-TP room's.
+
 Times are medians; staged/auto end when decode's last scatter is acknowledged, direct/raw when the
-initiator sees the write complete. Every path's bytes are verified per component (positional
-checksum of decode's destination bytes, poisoned before the path's first run, against prefill's).
+initiator sees the write complete. Every path's bytes are verified byte for byte per component:
+decode's arena is poisoned before the path's first run (prefill's bytes never equal the poison), and
+after its last, decode compares the bytes each component's writes cover, in plan order, with
+prefill's (written to a scratch file once per case) and counts its arena's changed bytes, which must
+be exactly the plan's (nothing written outside it).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import pstats
 import select
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +56,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_cases import CASES, QUICK, Case, Layout, MiB, build_layout, checksums, plan_for
+from bench.gpu_cases import CASES, QUICK, Case, Layout, MiB, build_layout, gathered, plan_for
 from bench.gpu_env import environment
 from dataplane.agent.staged import StagedLanding, StagedWriter
 from dataplane.planner import WritePlan
@@ -67,6 +78,7 @@ from dataplane.transports.nixl import load_sdk
 
 STAGING_BYTES = 1 << 30
 DEADLINE_S = 60.0
+POISON = 0x5A
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -90,7 +102,9 @@ def arrays(plan: WritePlan, side: str) -> dict[str, bytes]:
 
 
 def as_writes(plan: WritePlan) -> Writes:
-    return Writes(plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size)
+    return Writes(
+        plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size, plan.repeat
+    )
 
 
 def unarrays(msg: dict[str, Any]) -> tuple[np.ndarray, ...]:
@@ -109,6 +123,7 @@ class Decode:
         self.ipc: CudaIpcTransport | None = None
         self.raw: Any = None
         self.receiver: StagedLanding | None = None
+        self.expect: dict[str, Any] = {}
         self.stg_poll, self.cmd_poll = select.poll(), select.poll()
         self.stg_poll.register(stg.fileno(), select.POLLIN)
         self.cmd_poll.register(cmd.fileno(), select.POLLIN)
@@ -128,18 +143,21 @@ class Decode:
     def op_setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        self.layout = layout = build_layout(Case(**msg["case"]), STAGING_BYTES)
-        self.transport = NixlTransport(f"decode-{msg['i']}")
-        blobs = self.transport.register(layout.regions)
-        sdk = load_sdk()
-        self.raw = sdk.nixl_agent(f"rawd-{msg['i']}", sdk.nixl_agent_config(enable_listen_thread=False))
-        self.raw.register_memory([(layout.arena.data_ptr(), layout.arena.numel(), 0, "")], "VRAM")
+        self.layout = layout = build_layout(Case(**msg["case"]), STAGING_BYTES, "decode")
+        out: dict[str, Any] = {"arena": layout.arena.data_ptr()}
+        if msg["nixl"]:
+            self.transport = NixlTransport(f"decode-{msg['i']}")
+            out["blobs"] = self.transport.register(layout.regions)
+            out["endpoint"] = self.transport.endpoint()
+            sdk = load_sdk()
+            self.raw = sdk.nixl_agent(f"rawd-{msg['i']}", sdk.nixl_agent_config(enable_listen_thread=False))
+            self.raw.register_memory([(layout.arena.data_ptr(), layout.arena.numel(), 0, "")], "VRAM")
+            out["raw"] = bytes(self.raw.get_agent_metadata())
         self.ipc = CudaIpcTransport(0)
-        ipc_blobs = self.ipc.register(layout.regions)
+        out["ipc_blobs"] = self.ipc.register(layout.regions)
+        out["ipc_endpoint"] = self.ipc.endpoint()
         torch.cuda.synchronize()
-        return {"endpoint": self.transport.endpoint(), "blobs": blobs,
-                "raw": bytes(self.raw.get_agent_metadata()), "arena": layout.arena.data_ptr(),
-                "ipc_endpoint": self.ipc.endpoint(), "ipc_blobs": ipc_blobs}
+        return out
 
     def op_slots(self, msg: dict[str, Any]) -> dict[str, Any]:
         layout = self.layout
@@ -162,13 +180,29 @@ class Decode:
         import torch
 
         assert self.layout is not None
-        self.layout.arena.fill_(0x5A)
+        self.layout.arena.fill_(POISON)
         torch.cuda.synchronize()
         return {}
 
-    def op_checksum(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_expect(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """What the case's paths must leave here: the plan's writes one per row (decode's side) and
+        prefill's bytes of each component, in plan order, at ``[start, start + length)`` of a file."""
+        self.expect = {"arrays": unarrays(msg), "path": msg["path"], "spans": msg["spans"]}
+        return {}
+
+    def op_verify(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Each component's bytes compared with prefill's, and the arena's bytes that are no longer the
+        poison (the plan's bytes exactly when nothing outside the plan was written)."""
         assert self.layout is not None
-        return {"sums": {str(k): v for k, v in checksums(self.layout, *unarrays(msg)).items()}}
+        got = gathered(self.layout, *self.expect["arrays"])
+        ok = {}
+        for comp, (start, length) in self.expect["spans"].items():
+            want = np.memmap(self.expect["path"], dtype=np.uint8, mode="r", offset=start, shape=(length,))
+            mine = got.get(int(comp))
+            same = mine is not None and mine.numel() == length
+            ok[comp] = same and np.array_equal(mine.cpu().numpy(), want)
+        changed = int((self.layout.arena != POISON).sum().item())
+        return {"ok": ok, "changed": changed}
 
     def op_teardown(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -218,8 +252,8 @@ def spin(transport: Transport, transfers: list[Transfer], deadline: float) -> No
 
 
 class Prefill:
-    def __init__(self, args: argparse.Namespace, cmd: Any, stg: Any):
-        self.args, self.cmd, self.stg = args, cmd, stg
+    def __init__(self, args: argparse.Namespace, cmd: Any, stg: Any, scratch: str):
+        self.args, self.cmd, self.stg, self.scratch = args, cmd, stg, scratch
         self.room = 0
 
     def profile(self, once: Callable[[], None]) -> None:
@@ -241,38 +275,72 @@ class Prefill:
     def run_case(self, i: int, case: Case) -> dict[str, Any]:
         import torch
 
-        layout = build_layout(case, STAGING_BYTES)
+        layout = build_layout(case, STAGING_BYTES, "prefill")
         layout.arena.random_()
+        layout.arena.masked_fill_(layout.arena == POISON, POISON + 1)  # no source byte is the poison
         plan = plan_for(case)
-        expected = checksums(layout, plan.local_region, plan.local_offset, plan.size, plan.component)
-        reply = self.call("setup", i=i, case=dataclasses.asdict(case))
-        transport = NixlTransport(f"prefill-{i}")
-        transport.register(layout.regions)
-        peer = transport.connect("decode", reply["endpoint"], reply["blobs"])
-        sdk = load_sdk()
-        raw = sdk.nixl_agent(f"rawp-{i}", sdk.nixl_agent_config(enable_listen_thread=False))
-        raw.register_memory([(layout.arena.data_ptr(), layout.arena.numel(), 0, "")], "VRAM")
-        raw_peer = raw.add_remote_agent(reply["raw"])
+        flat = plan.expanded()
+        self.expect(i, layout, flat)
+        nixl = self.args.paths == "all"
+        reply = self.call("setup", i=i, case=dataclasses.asdict(case), nixl=nixl)
+        transport = peer = raw = raw_peer = None
+        if nixl:
+            transport = NixlTransport(f"prefill-{i}")
+            transport.register(layout.regions)
+            peer = transport.connect("decode", reply["endpoint"], reply["blobs"])
+            sdk = load_sdk()
+            raw = sdk.nixl_agent(f"rawp-{i}", sdk.nixl_agent_config(enable_listen_thread=False))
+            raw.register_memory([(layout.arena.data_ptr(), layout.arena.numel(), 0, "")], "VRAM")
+            raw_peer = raw.add_remote_agent(reply["raw"])
         torch.cuda.synchronize()
-        ctx = Ctx(self, case, layout, plan, expected, transport, peer, raw, raw_peer, reply["arena"])
+        ctx = Ctx(self, case, layout, plan, transport, peer, raw, raw_peer, reply["arena"])
         ctx.ipc = CudaIpcTransport(0)
         ctx.ipc.register(layout.regions)
         ctx.ipc_peer = ctx.ipc.connect("decode", reply["ipc_endpoint"], reply["ipc_blobs"])
-        row: dict[str, Any] = {"case": case.name, "bytes": plan.total_bytes, "writes": len(plan),
+        row: dict[str, Any] = {"case": case.name, "bytes": plan.total_bytes, "writes": plan.writes,
+                               "rows": len(plan), "equal": case.equal,
                                "components": {str(k): v for k, v in plan.bytes_by_component().items()}}
         row["d2d"] = ctx.d2d()
+        row["ipc"] = ctx.measure("ipc", ctx.ipc_once)
+        row["ipc"]["post_us"] = statistics.median(ctx.ipc_post_us)
+        if self.args.inflight > 1:
+            n = self.args.inflight
+            row[f"ipc x{n}"] = ctx.measure(f"ipc x{n}", ctx.ipc_pipelined(n), requests=n)
+        if nixl:
+            self.nixl_paths(ctx, row)
+        if case.name in (self.args.profile or ()):
+            self.profile(ctx.staged(self.args.slot_mib[-1] * MiB, None, self.args.kernels[-1]))
+        ctx.ipc.close()
+        if transport is not None:
+            transport.close()
+        self.call("teardown")
+        del ctx, layout
+        torch.cuda.empty_cache()
+        return row
+
+    def expect(self, i: int, layout: Layout, flat: WritePlan) -> None:
+        """Prefill's bytes of every component of the plan, in plan order, to a scratch file decode
+        compares its own with after each path (``op_verify``)."""
+        path = Path(self.scratch) / f"case-{i}.bin"
+        spans: dict[str, tuple[int, int]] = {}
+        with path.open("wb") as f:
+            for comp, data in gathered(layout, flat.local_region, flat.local_offset, flat.size,
+                                       flat.component).items():
+                spans[str(comp)] = (f.tell(), data.numel())
+                data.cpu().numpy().tofile(f)
+        self.call("expect", path=str(path), spans=spans, **arrays(flat, "remote"))
+
+    def nixl_paths(self, ctx: Ctx, row: dict[str, Any]) -> None:
         row["gather"] = ctx.gather_kernel(self.args.kernels[0])
         row["host_us"] = ctx.host_staging(self.args.slot_mib[0] * MiB)
         row["raw"] = ctx.measure("raw", ctx.raw_once)
         row["direct"] = ctx.measure("direct", ctx.direct_once)
-        row["ipc"] = ctx.measure("ipc", ctx.ipc_once)
-        row["ipc"]["post_us"] = statistics.median(ctx.ipc_post_us)
         for kernel in self.args.kernels:
             for mib in self.args.slot_mib:
                 once = ctx.staged(mib * MiB, None, kernel)
                 name = f"staged-{kernel}@{mib}"
                 row[name] = ctx.measure(name, once) | {"stages": ctx.stages()}
-        auto = choose_paths(plan, self.args.threshold_kib << 10)
+        auto = choose_paths(ctx.flat, self.args.threshold_kib << 10)
         row["policy"] = {str(k): v for k, v in auto.paths.items()}
         threshold = self.args.threshold_kib << 10
         auto_once = ctx.staged(self.args.slot_mib[0] * MiB, threshold, self.args.kernels[0])
@@ -281,23 +349,16 @@ class Prefill:
             n, kernel, mib = self.args.inflight, self.args.kernels[0], self.args.slot_mib[0]
             once = ctx.staged(mib * MiB, None, kernel, inflight=n)
             row[f"staged-{kernel}@{mib}x{n}"] = ctx.measure(f"staged x{n}", once, requests=n)
-            row[f"ipc x{n}"] = ctx.measure(f"ipc x{n}", ctx.ipc_pipelined(n), requests=n)
-        if case.name in (self.args.profile or ()):
-            self.profile(ctx.staged(self.args.slot_mib[-1] * MiB, None, self.args.kernels[-1]))
-        ctx.ipc.close()
-        transport.close()
-        self.call("teardown")
-        del ctx, layout
-        torch.cuda.empty_cache()
-        return row
 
 
 class Ctx:
     """One case's live state on the prefill side and its measured paths."""
 
-    def __init__(self, pf: Prefill, case: Case, layout: Layout, plan: WritePlan, expected: dict[int, int],
-                 transport: NixlTransport, peer: Any, raw: Any, raw_peer: Any, remote_arena: int):
-        self.pf, self.case, self.layout, self.plan, self.expected = pf, case, layout, plan, expected
+    def __init__(self, pf: Prefill, case: Case, layout: Layout, plan: WritePlan, transport: Any, peer: Any,
+                 raw: Any, raw_peer: Any, remote_arena: int):
+        """``plan`` goes compact to the engines that take strided rows (``ipc``, ``direct``);
+        ``flat`` (one row per write) to the raw engine and the staged paths."""
+        self.pf, self.case, self.layout, self.plan, self.flat = pf, case, layout, plan, plan.expanded()
         self.transport, self.peer, self.raw, self.raw_peer = transport, peer, raw, raw_peer
         self.remote_arena = remote_arena
         self.parts = [as_writes(plan.select(plan.component == c)) for c in np.unique(plan.component).tolist()]
@@ -314,12 +375,13 @@ class Ctx:
         except Exception as exc:  # a failing path is a result too: record it and go on
             print(f"  {self.case.name} {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
             return {"error": f"{type(exc).__name__}: {exc}"}
-        got = self.pf.call("checksum", **arrays(self.plan, "remote"))["sums"]
-        ok = {str(k): got.get(str(k)) == v for k, v in self.expected.items()}
+        check = self.pf.call("verify")
+        ok = check["ok"]
         med = statistics.median(times)
         gbps = requests * self.plan.total_bytes / med / 1e9
-        out = {"gbps": gbps, "median_us": med * 1e6, "reps": len(times),
-               "verified": all(ok.values()), "per_component_ok": ok}
+        verified = bool(ok) and all(ok.values()) and check["changed"] == self.plan.total_bytes
+        out = {"gbps": gbps, "median_us": med * 1e6, "reps": len(times), "verified": verified,
+               "per_component_ok": ok, "changed_bytes": check["changed"]}
         print(f"  {self.case.name:22s} {name:10s} {out['gbps']:9.1f} GB/s  {med * 1e6:10.1f} us  "
               f"reps={len(times)} verified={out['verified']}", flush=True)
         return out
@@ -336,7 +398,7 @@ class Ctx:
         """The staged gather alone: one kernel per component, into a scratch buffer of the request's size."""
         import torch
 
-        p, lay = self.plan, self.layout
+        p, lay = self.flat, self.layout
         pieces = pieces_of(0, p, lay.bases, lay.sizes, p.total_bytes)
         scratch = torch.empty(p.total_bytes + (1 << 20) * len(pieces), dtype=torch.uint8, device="cuda")
         stager = TorchStager(lay.arena, scratch, kernel=kernel)  # type: ignore[arg-type]
@@ -358,7 +420,7 @@ class Ctx:
         times: dict[str, list[float]] = {"prefill": [], "decode": []}
         for _ in range(20):
             t0 = time.perf_counter()
-            pieces = pieces_of(0, self.plan, lay.bases, lay.sizes, slot_bytes)
+            pieces = pieces_of(0, self.flat, lay.bases, lay.sizes, slot_bytes)
             wire = [encode_staged(StagedNotice.of(0, p.seq, p.pieces, 0, p.chunk, p.dst)) for p in pieces]
             t1 = time.perf_counter()
             for data in wire:
@@ -396,7 +458,7 @@ class Ctx:
     # -- paths --
     def raw_once(self) -> None:
         if not hasattr(self, "_raw_handle"):
-            p, base = self.plan, self.layout.arena.data_ptr()
+            p, base = self.flat, self.layout.arena.data_ptr()
             zero, bases = np.zeros(len(p), np.int64), self.layout.bases
             lrows = np.stack([base + bases[p.local_region] + p.local_offset, p.size, zero], axis=1)
             remote_at = self.remote_arena + bases[p.remote_region] + p.remote_offset
@@ -467,7 +529,7 @@ class Ctx:
             for _ in range(inflight):
                 self.pf.room += 1
                 rooms.append(self.pf.room)
-                direct = writer.route(self.pf.room, self.plan, force="staged" if threshold is None else None)
+                direct = writer.route(self.pf.room, self.flat, force="staged" if threshold is None else None)
                 comps = np.unique(direct.component).tolist()
                 parts = [as_writes(direct.select(direct.component == c)) for c in comps]
                 transfers += [transport.write(peer, part) for part in parts]
@@ -480,13 +542,16 @@ class Ctx:
 
 
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """GB/s of each path (bytes moved once) and, in brackets, its % of the D2D copy of the same bytes."""
-    staged = [f"staged-{k}@{m}" for k in args.kernels for m in args.slot_mib]
-    piped = [f"staged-{args.kernels[0]}@{args.slot_mib[0]}x{args.inflight}"] if args.inflight > 1 else []
+    """GB/s of each path (bytes moved once) and, in brackets, its % of the D2D copy of the same bytes;
+    then each TP-mismatched room's ``ipc`` GB/s as a share of its equal-TP room's."""
     ipc = [f"ipc x{args.inflight}"] if args.inflight > 1 else []
-    cols = ["raw", "direct", *staged, *piped, "auto", "ipc", *ipc]
-    head = (f"{'case':21s} {'MiB':>6s} {'writes':>6s} {'d2d':>7s} {'gather':>7s} {'host_us':>7s} "
-            + " ".join(f"{c:>17s}" for c in cols) + "  verified")
+    cols = ["ipc", *ipc]
+    if args.paths == "all":
+        staged = [f"staged-{k}@{m}" for k in args.kernels for m in args.slot_mib]
+        piped = [f"staged-{args.kernels[0]}@{args.slot_mib[0]}x{args.inflight}"] if args.inflight > 1 else []
+        cols = ["raw", "direct", *staged, *piped, "auto", *cols]
+    head = (f"{'case':21s} {'MiB':>6s} {'writes':>7s} {'rows':>6s} {'d2d':>7s} {'gather':>7s} "
+            f"{'host_us':>7s} " + " ".join(f"{c:>17s}" for c in cols) + "  verified")
     lines = [head, "-" * len(head)]
     for r in rows:
         d2d = r["d2d"]["gbps"]
@@ -496,18 +561,43 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             ok_cell = "gbps" in v
             cells.append(f"{v['gbps']:8.1f} ({100 * v['gbps'] / d2d:4.1f}%)" if ok_cell else "FAILED")
         ok = all(r.get(c, {}).get("verified", False) for c in cols)
-        host = sum(r["host_us"].values())
-        gather = r["gather"]["gbps"]
+        host = f"{sum(r['host_us'].values()):7.0f}" if "host_us" in r else f"{'-':>7s}"
+        gather = f"{r['gather']['gbps']:7.0f}" if "gather" in r else f"{'-':>7s}"
         mib = r["bytes"] / MiB
-        lead = f"{r['case']:21s} {mib:6.0f} {r['writes']:6d} {d2d:7.0f} {gather:7.0f} {host:7.0f} "
+        lead = f"{r['case']:21s} {mib:6.0f} {r['writes']:7d} {r['rows']:6d} {d2d:7.0f} {gather} {host} "
         lines.append(lead + " ".join(f"{c:>17s}" for c in cells) + f"  {'yes' if ok else 'NO'}")
+    shares = tp_shares(rows, cols)
+    if shares:
+        title = f"{'TP-mismatched room':21s} {'of equal-TP room':21s} "
+        lines += ["", title + " ".join(f"{c:>9s}" for c in cols)]
+        for room, equal, values in shares:
+            cells = [f"{100 * v:8.1f}%" if v is not None else f"{'-':>9s}" for v in values]
+            lines.append(f"{room:21s} {equal:21s} " + " ".join(cells))
     return "\n".join(lines)
+
+
+def tp_shares(rows: list[dict[str, Any]], cols: list[str]) -> list[tuple[str, str, list[float | None]]]:
+    """Per TP-mismatched room measured beside its equal-TP room: each path's GB/s over the equal room's."""
+    by_name = {r["case"]: r for r in rows}
+    out = []
+    for r in rows:
+        equal = by_name.get(r.get("equal") or "")
+        if equal is None:
+            continue
+        values: list[float | None] = []
+        for c in cols:
+            mine, theirs = r.get(c, {}).get("gbps"), equal.get(c, {}).get("gbps")
+            values.append(mine / theirs if mine and theirs else None)
+        out.append((r["case"], equal["case"], values))
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, help="also write every number (and the environment) here")
     ap.add_argument("--cases", nargs="*", help="case names (default: all)", default=None)
+    ap.add_argument("--paths", choices=("all", "ipc"), default="all",
+                    help="every path, or d2d and cuda-ipc alone (no NIXL needed)")
     ap.add_argument("--slot-mib", default="64", help="staging slot sizes to try, comma-separated (MiB)")
     ap.add_argument("--threshold-kib", type=int, default=512, help="auto policy: stage components whose "
                     "mean write is under this many KiB")
@@ -521,7 +611,13 @@ def main() -> int:
     args = ap.parse_args()
     args.slot_mib = [int(x) for x in args.slot_mib.split(",")]
     args.kernels = args.kernels.split(",")
-    cases = [c for c in (QUICK if args.quick else CASES) if args.cases is None or c.name in args.cases]
+    known = QUICK if args.quick else CASES
+    cases = [c for c in known if args.cases is None or c.name in args.cases]
+    unknown = sorted(set(args.cases or ()) - {c.name for c in known})
+    if unknown:
+        ap.error(f"--cases: unknown {unknown}; known: {', '.join(c.name for c in known)}")
+    if args.profile and args.paths != "all":
+        ap.error("--profile profiles the staged path: give it with --paths all")
     env = environment()
     print(json.dumps(env, indent=1), flush=True)
     ctx = mp.get_context("spawn")
@@ -532,16 +628,17 @@ def main() -> int:
     import torch
 
     torch.cuda.set_device(0)
-    pf = Prefill(args, cmd_a, stg_a)
     rows = []
-    try:
-        for i, case in enumerate(cases):
-            print(f"case {case.name}", flush=True)
-            rows.append(pf.run_case(i, case))
-    finally:
-        send(cmd_a, op="exit")
-        child.join(30)
-    env["environment_after"] = environment(nixl_loaded=True)
+    with tempfile.TemporaryDirectory(prefix="pdpair-gpu-") as scratch:
+        pf = Prefill(args, cmd_a, stg_a, scratch)
+        try:
+            for i, case in enumerate(cases):
+                print(f"case {case.name}", flush=True)
+                rows.append(pf.run_case(i, case))
+        finally:
+            send(cmd_a, op="exit")
+            child.join(30)
+    env["environment_after"] = environment(nixl_loaded=args.paths == "all")
     if args.json:
         doc = {"env": env, "args": vars(args) | {"json": str(args.json)}, "rows": rows}
         args.json.write_text(json.dumps(doc, indent=1, default=str))

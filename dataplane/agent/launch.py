@@ -208,8 +208,13 @@ class CpuProbe:
         self.process, self.worker = agent.cpu_seconds(), self._worker()
 
     def _worker(self) -> float | None:
-        value = self.agent.status().get("worker_cpu_seconds")
-        return float(value) if value is not None else None
+        """The role workers' CPU, summed over the pod's ranks (each rank has its own worker)."""
+        st = self.agent.status()
+        values = [r.get("worker_cpu_seconds") for r in st["ranks"].values()] if st.get("ranks") else []
+        values = values or [st.get("worker_cpu_seconds")]
+        if any(v is None for v in values):
+            return None
+        return float(sum(values))
 
     def spent(self) -> dict[str, float | None]:
         return {
@@ -245,14 +250,18 @@ def loopback_pair(
     return prefill, decode
 
 
-def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-run-") -> dict[str, Any]:
-    """Run one loopback prefill/decode pair until decode has completed ``cfg.synthetic.requests``
-    rooms (or ``timeout``), stop both, and return decode's final ``/status``, with the CPU each
-    spent once both were ready under ``prefill_cpu`` / ``decode_cpu`` (``process_seconds``,
-    ``worker_seconds``)."""
+def run_pair(
+    cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-run-", prefill_tp: int = 1,
+    decode_tp: int = 1,
+) -> dict[str, Any]:
+    """Run one loopback prefill/decode pair of pods (one agent process per pod serving its
+    ``*_tp`` ranks) until every decode rank has completed ``cfg.synthetic.requests`` rooms (or
+    ``timeout``), stop both, and return decode's final ``/status`` (a section per rank under
+    ``ranks``), with the CPU each pod spent once both were ready under ``prefill_cpu`` / ``decode_cpu``
+    (``process_seconds``, ``worker_seconds``: every rank's role worker)."""
     import tempfile
 
-    (p_cfg,), (d_cfg,) = loopback_pair(cfg)
+    (p_cfg, *_), (d_cfg, *_) = loopback_pair(cfg, prefill_tp=prefill_tp, decode_tp=decode_tp)
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         prefill = AgentProcess(p_cfg, Path(tmp), "prefill")
         decode = AgentProcess(d_cfg, Path(tmp), "decode")
@@ -261,9 +270,15 @@ def run_pair(cfg: AgentConfig, *, timeout: float = 300.0, prefix: str = "pdpair-
             decode.wait_ready()
             cpu, decode_cpu = CpuProbe(prefill), CpuProbe(decode)
             deadline, want = time.monotonic() + timeout, cfg.synthetic.requests
-            while time.monotonic() < deadline and decode.status()["requests"]["completed"] < want:
+            while time.monotonic() < deadline and _completed(decode.status()) < want:
                 time.sleep(STATUS_POLL)
             return {**decode.status(), "prefill_cpu": cpu.spent(), "decode_cpu": decode_cpu.spent()}
         finally:
             decode.stop()
             prefill.stop()
+
+
+def _completed(status: dict[str, Any]) -> int:
+    """Rooms completed by the pod's slowest rank."""
+    ranks = status.get("ranks") or {"0": status}
+    return min(int(r.get("requests", {}).get("completed", 0)) for r in ranks.values())

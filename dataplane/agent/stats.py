@@ -75,16 +75,19 @@ class StatsBook:
     def snapshot(self) -> dict[str, Any]:
         """Copies the counters under the lock and computes the percentiles after releasing it: the
         worker records every room, and a reader polling ``/status`` must not hold it up for the
-        milliseconds that percentiles over ``SAMPLES`` latencies take."""
+        milliseconds that percentiles over ``SAMPLES`` latencies take. ``transfer_window_bounds``: the
+        window's first start and last completion (monotonic seconds), so the windows of a pod's ranks
+        can be joined."""
         with self._lock:
-            span = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
+            bounds = [self.first, self.last] if self.first is not None and self.last is not None else None
+            span = bounds[1] - bounds[0] if bounds is not None else 0.0
             copies = {
                 name: (dataclasses.replace(s, latencies=deque(), posts=deque()),
                        list(s.latencies), list(s.posts))
                 for name, s in self._by.items()
             }
         comps = {name: _summary(s, lat, posts, span) for name, (s, lat, posts) in copies.items()}
-        return {"components": comps, "transfer_window_seconds": span}
+        return {"components": comps, "transfer_window_seconds": span, "transfer_window_bounds": bounds}
 
 
 def _summary(s: ComponentStats, latencies: list[float], posts: list[float], span: float) -> dict[str, Any]:

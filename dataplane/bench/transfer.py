@@ -1,24 +1,33 @@
 """``bench transfer``: the agent's end-to-end state send vs the raw NIXL engine writing the same blocks
 vs a plain memcpy of the same bytes, side by side in one run, on identical NIXL/UCX settings.
 
-Per case (a block size, or a model profile's request mix) and per repetition (agent and raw take turns
-going first, so drift in the machine's load hits both alike):
+A case is a block size, a model profile's request mix (equal TP), or a TP-mismatched room: the mix
+between a prefill pod of TP P and a decode pod of TP D (one agent process per pod serving each of its
+ranks; each prefill rank writes its slice to the decode ranks sglang's rules pair it with, compact
+strided plans where heads or Mamba state split). Per case and per repetition (agent and raw take
+turns going first, so drift in the machine's load hits both alike):
 
 - agent: a prefill and a decode agent as two processes (``pdpair-agent run``, verification off),
   ``maxInflight`` rooms in flight; ``warmup`` + ``requests`` rooms, the warm-up rooms left out of decode's
   statistics (``synthetic.warmup``). Latency per request = the median room time on decode (metadata
   sent → Success received); throughput = bytes over decode's transfer window (first counted metadata
   sent → last Success);
-- raw engine: this process writes the identical ``WritePlan`` of every request, cut exactly as the
-  agent cuts it into engine requests (``transfer_requests``), through the bare
+- raw engine: this process writes the identical ``WritePlan`` of every request (of every rank pair),
+  cut exactly as the agent cuts it into engine requests (``transfer_requests``), through the bare
   ``NixlTransport.write`` + ``wait`` (posting in line: no ``postThread``, which is the agent's) to a
-  second process that only registered the decode layout,
+  second process that only registered the decode layout (every decode rank's regions in one NIXL
+  agent; this process registers every prefill rank's in one),
   with up to ``maxInflight`` requests outstanding; the ``warmup`` first requests untimed, then each
   request timed from post to seen complete (median) and the whole loop (throughput); and once more
   with NIXL's own backend thread copying every request (``raw_engine_threaded_gbps``, ``numThreads``
   1): on a 16-core host that setting moved 1 MiB blocks ~40% faster than posting in line, so the
   agent is measured against both;
 - memcpy: numpy copies of the same blocks in this process (the machine's limit).
+
+A pod of several ranks counts every rank's bytes over the join of its ranks' transfer windows; its
+latency is its slowest rank's median. After the timed runs, one more agent run with verification on
+(``verify_rooms`` rooms) checks every byte each decode rank received, per component
+(``verified``: every component of every rank verified, none mismatched).
 
 Each figure is the median over the repetitions. ``overhead_us`` = agent median latency minus raw median
 latency per request: what the agent's control path (two control hops, planning, accounting) adds.
@@ -31,6 +40,7 @@ figure is the agent's throughput limit, whatever else the machine was doing;
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import multiprocessing as mp
@@ -48,8 +58,12 @@ from ..agent.pools import MemoryPools
 from ..agent.requests import transfer_requests
 from ..agent.synthetic import items_for_tokens
 from ..errors import PDPairError
+from ..schema import RoleSchema
 from ..schema.profiles import schema_from_config
 from ..transports.nixl import NixlTransport, load_sdk, ucx_environment
+
+VERIFY_ROOMS = 8
+"""Rooms of each case's verification run (every byte checked on decode, per component)."""
 
 
 def as_role(cfg: Any, role: str) -> Any:
@@ -77,25 +91,57 @@ def tokens_of(cfg: Any, n: int) -> list[int]:
     return [toks[i % len(toks)] for i in range(n)]
 
 
-def plan_for(schema: Any, layout: Any, decode_schema: Any, tokens: int, slot: int = 0) -> Any:
-    """The plan the agent makes for this request when it holds the ``slot``-th set of items: rooms in
-    flight hold distinct items, so the raw engine cycles through as many sets as the agent has rooms in
-    flight and touches as much memory (one set for all requests would keep the raw engine's pages hot
-    in cache and free of first-touch faults that the agent pays)."""
-    c = items_for_tokens(decode_schema, tokens)
-    kv = np.arange(c.kv, dtype=np.int32) + slot * c.kv
-    state = [np.arange(n, dtype=np.int32) + slot * n for n in c.state]
-    aux = slot if c.aux else None
-    return planner.plan_request(schema, layout, planner.RequestIndices(kv, kv, aux, aux, state, state))
+@dataclasses.dataclass(frozen=True)
+class Pods:
+    """A case's ranks: every prefill and decode rank's schema, which (prefill, decode) rank pairs
+    exchange state (sglang's rule, ``planner.target_ranks``), and where each rank's regions start when
+    a pod's ranks are registered as one list (the raw engine's and memcpy's layout)."""
+
+    prefill: tuple[RoleSchema, ...]
+    decode: tuple[RoleSchema, ...]
+    pairs: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, cfg: Any) -> Pods:
+        ptp, dtp = cfg.prefill.tp_size, cfg.decode.tp_size
+        prefill = tuple(schema_from_config(as_role(cfg, "prefill").for_rank(r)) for r in range(ptp))
+        decode = tuple(schema_from_config(as_role(cfg, "decode").for_rank(r)) for r in range(dtp))
+        pairs = tuple((p, d) for p in range(ptp) for d in planner.target_ranks(ptp, dtp, p))
+        return cls(prefill, decode, pairs)
+
+    @staticmethod
+    def _starts(schemas: tuple[RoleSchema, ...]) -> list[int]:
+        return [0, *np.cumsum([len(s.regions()) for s in schemas]).tolist()][:-1]
+
+    def plans(self, tokens: int, slot: int = 0) -> list[Any]:
+        """The request's plan of every rank pair, as the agent makes it when it holds the ``slot``-th
+        set of items, its region ids moved to the pods' joined region lists: rooms in flight hold
+        distinct items, so the raw engine cycles through as many sets as the agent has rooms in flight
+        and touches as much memory (one set for all requests would keep the raw engine's pages hot in
+        cache and free of first-touch faults that the agent pays)."""
+        lstart, rstart = self._starts(self.prefill), self._starts(self.decode)
+        out = []
+        for p, d in self.pairs:
+            c = items_for_tokens(self.decode[d], tokens)
+            kv = np.arange(c.kv, dtype=np.int32) + slot * c.kv
+            state = [np.arange(n, dtype=np.int32) + slot * n for n in c.state]
+            aux = slot if c.aux else None
+            req = planner.RequestIndices(kv, kv, aux, aux, state, state)
+            plan = planner.plan_request(self.prefill[p], planner.PeerLayout.from_schema(self.decode[d]), req)
+            out.append(dataclasses.replace(
+                plan,
+                local_region=(plan.local_region + lstart[p]).astype(np.int32),
+                remote_region=(plan.remote_region + rstart[d]).astype(np.int32),
+            ))
+        return out
 
 
 def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any]:
     n, depth = cfg.synthetic.requests, cfg.synthetic.max_inflight
-    prefill_schema = schema_from_config(cfg)
-    decode_schema = schema_from_config(as_role(cfg, "decode"))
-    layout = planner.PeerLayout.from_schema(decode_schema)
+    pods = Pods.of(cfg)
     sizes = tokens_of(cfg, warmup + n)
-    plans = [plan_for(prefill_schema, layout, decode_schema, t, i % depth) for i, t in enumerate(sizes)]
+    plans = [pods.plans(t, i % depth) for i, t in enumerate(sizes)]
+    timed = plans[warmup:]
     threaded = with_nixl_threads(cfg)
     agents, raws, threads, copies, loads = [], [], [], [], []
     for rep in range(repeat):
@@ -107,18 +153,25 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         threads.append(raw_run(threaded, plans, warmup, depth) if threaded is not cfg else raws[-1])
         if not first_agent:
             agents.append(agent_run(with_requests(cfg, warmup + n, warmup)))
-        copies.append(memcpy_run(prefill_schema, decode_schema, plans[warmup:]))
+        copies.append(memcpy_run(pods, timed))
+    check = verify_run(cfg)
     med = statistics.median
     agent = {k: med(a[k] for a in agents) for k in agents[0]}
     raw = {k: med(r[k] for r in raws) for k in raws[0]}
     raw_threaded = med(r["gbps"] for r in threads)
-    per_request = sum(p.total_bytes for p in plans[warmup:]) / max(1, n)
+    moved = sum(p.total_bytes for request in timed for p in request)
+    per_request = moved / max(1, n)
     return {
         "case": label,
+        "prefill_tp": cfg.prefill.tp_size,
+        "decode_tp": cfg.decode.tp_size,
         "requests": n,
         "warmup": warmup,
         "repeat": repeat,
-        "bytes_per_request": sum(p.total_bytes for p in plans[warmup:]) // max(1, n),
+        "bytes_per_request": moved // max(1, n),
+        "agent_bytes_per_request": round(agent["bytes_per_room"]),
+        "writes_per_request": sum(p.writes for request in timed for p in request) // max(1, n),
+        "plan_rows_per_request": sum(len(p) for request in timed for p in request) // max(1, n),
         "agent_gbps": round(agent["gbps"], 4),
         "raw_engine_gbps": round(raw["gbps"], 4),
         "memcpy_gbps": round(med(copies), 4),
@@ -137,6 +190,7 @@ def run_case(label: str, cfg: Any, *, repeat: int, warmup: int) -> dict[str, Any
         "prefill_cpu_us": _rounded(agent["prefill_cpu_us"]),
         "prefill_worker_cpu_us": _rounded(agent["prefill_worker_cpu_us"]),
         "decode_worker_cpu_us": _rounded(agent["decode_worker_cpu_us"]),
+        **check,
     }
 
 
@@ -168,19 +222,43 @@ def agent_run(cfg: Any, tries: int = 3) -> dict[str, float]:
     raise AssertionError("unreachable")
 
 
+def _pair(cfg: Any) -> dict[str, Any]:
+    return run_pair(cfg, prefix="pdpair-bench-", prefill_tp=cfg.prefill.tp_size, decode_tp=cfg.decode.tp_size)
+
+
 def _agent_pair(cfg: Any) -> dict[str, float]:
-    st = run_pair(cfg, prefix="pdpair-bench-")
-    total = sum(c["bytes"] for c in st["components"].values())
-    window = st["transfer_window_seconds"]
-    p50 = st["components"]["kv"]["p50_ms"] * 1e3
+    st = _pair(cfg)
+    ranks = list(st["ranks"].values())
+    total = sum(c["bytes"] for r in ranks for c in r["components"].values())
+    bounds = [r["transfer_window_bounds"] for r in ranks if r.get("transfer_window_bounds")]
+    window = max(b[1] for b in bounds) - min(b[0] for b in bounds) if bounds else 0.0
+    p50 = max(r["components"]["kv"]["p50_ms"] for r in ranks) * 1e3
     rooms = max(1, cfg.synthetic.requests)
     cpu = {k: (v if v is not None else math.nan) / rooms * 1e6 for k, v in st["prefill_cpu"].items()}
     dcpu = {k: (v if v is not None else math.nan) / rooms * 1e6 for k, v in st["decode_cpu"].items()}
+    counted = max(1, cfg.synthetic.requests - cfg.synthetic.warmup)  # warm-up rooms are not in the stats
     return {
-        "gbps": total / window / 1e9 if window else 0.0, "p50_us": p50,
+        "gbps": total / window / 1e9 if window else 0.0, "p50_us": p50, "bytes_per_room": total / counted,
         "prefill_cpu_us": cpu["process_seconds"], "prefill_worker_cpu_us": cpu["worker_seconds"],
         "decode_worker_cpu_us": dcpu["worker_seconds"],
     }
+
+
+def verify_run(cfg: Any, rooms: int = VERIFY_ROOMS) -> dict[str, Any]:
+    """One agent run of ``rooms`` rooms with verification on (prefill fills, every decode rank checks
+    every byte it received): ``verified`` when every component of every decode rank verified all its
+    bytes and none mismatched; ``verified_components`` names the components checked."""
+    syn = msgspec.structs.replace(cfg.synthetic, requests=rooms, warmup=0, verify=True)
+    st = _pair(msgspec.structs.replace(cfg, synthetic=syn))
+    ok, names = True, set()
+    for rank in st["ranks"].values():
+        comps = rank["components"]
+        names.update(comps)
+        ok = ok and rank["requests"]["succeeded"] >= rooms and rank["requests"]["verification_failures"] == 0
+        ok = ok and bool(comps) and all(
+            c["verified_bytes"] == c["bytes"] > 0 and c["mismatched_bytes"] == 0 for c in comps.values()
+        )
+    return {"verified": ok, "verified_components": sorted(names), "verified_rooms": rooms}
 
 
 def _quiet_nixl() -> None:
@@ -193,15 +271,16 @@ def _target(cfg: Any, conn: Any) -> None:
     """The raw engine's passive side: register the decode layout, hand out its blobs, wait."""
     _quiet_nixl()
     os.environ.update(ucx_environment(cfg.transfer.nixl))  # this process starts here
-    pools = MemoryPools.allocate(schema_from_config(as_role(cfg, "decode")), prefault=True)
+    pools = [MemoryPools.allocate(s, prefault=True) for s in Pods.of(cfg).decode]
     transport = NixlTransport("bench-raw-target", cfg.transfer.nixl.for_role("decode"))
-    blobs = transport.register(pools.memory_regions())
+    blobs = transport.register([r for p in pools for r in p.memory_regions()])
     conn.send((transport.endpoint(), blobs))
     conn.recv()
     transport.close()
 
 
-def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str, float]:
+def raw_run(cfg: Any, plans: list[list[Any]], warmup: int, depth: int = 1) -> dict[str, float]:
+    """``plans``: per request, the plan of every rank pair (``Pods.plans``)."""
     _quiet_nixl()
     os.environ.update(ucx_environment(cfg.transfer.nixl))  # the benchmark's own process, as an agent's
     ctx = mp.get_context("spawn")
@@ -210,12 +289,12 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str
     child.start()
     try:
         endpoint, blobs = here.recv()
-        pools = MemoryPools.allocate(schema_from_config(cfg), prefault=True)
+        pools = [MemoryPools.allocate(s, prefault=True) for s in Pods.of(cfg).prefill]
         bare = msgspec.structs.replace(cfg.transfer.nixl.for_role("prefill"), post_thread=False)
         with NixlTransport("bench-raw-initiator", bare) as transport:
-            transport.register(pools.memory_regions())
+            transport.register([r for p in pools for r in p.memory_regions()])
             peer = transport.connect("target", endpoint, blobs)
-            parts = [[w for _, w in transfer_requests(plan)] for plan in plans]
+            parts = [[w for plan in request for _, w in transfer_requests(plan)] for request in plans]
             _pipeline(transport, peer, parts[:warmup], depth)
             start = time.perf_counter()
             times = _pipeline(transport, peer, parts[warmup:], depth)
@@ -223,7 +302,7 @@ def raw_run(cfg: Any, plans: list[Any], warmup: int, depth: int = 1) -> dict[str
         here.send("stop")
     finally:
         child.join(10)
-    total = sum(p.total_bytes for p in plans[warmup:])
+    total = sum(p.total_bytes for request in plans[warmup:] for p in request)
     return {"gbps": total / elapsed / 1e9, "p50_us": statistics.median(times) * 1e6}
 
 
@@ -250,18 +329,30 @@ def _finish(transport: Any, posted: tuple[float, list[Any]], deadline: float) ->
     return time.perf_counter() - start
 
 
-def memcpy_run(src_schema: Any, dst_schema: Any, plans: list[Any]) -> float:
-    """numpy copies of exactly the planned blocks, between two host pools in this process."""
-    src = MemoryPools.allocate(src_schema, prefault=True)
-    dst = MemoryPools.allocate(dst_schema, prefault=True)
-    fields = ("local_region", "local_offset", "remote_region", "remote_offset", "size")
-    rows = [list(zip(*(getattr(p, f).tolist() for f in fields), strict=True)) for p in plans]
+def memcpy_run(pods: Pods, plans: list[list[Any]]) -> float:
+    """numpy copies of exactly the planned blocks, between host pools of every rank in this process
+    (a strided row as one strided copy: its ``count`` blocks at their strides on each side)."""
+    src = [b for s in pods.prefill for b in MemoryPools.allocate(s, prefault=True).buffers]
+    dst = [b for s in pods.decode for b in MemoryPools.allocate(s, prefault=True).buffers]
+    rows = [_copy_rows(p) for request in plans for p in request]
     start = time.perf_counter()
     for blocks in rows:
-        for lr, lo, rr, ro, n in blocks:
-            dst.buffers[rr][ro : ro + n] = src.buffers[lr][lo : lo + n]
+        for lr, lo, rr, ro, n, count, ls, rs in blocks:
+            if count == 1:
+                dst[rr][ro : ro + n] = src[lr][lo : lo + n]
+            else:
+                a = np.lib.stride_tricks.as_strided(src[lr][lo:], (count, n), (ls, 1))
+                b = np.lib.stride_tricks.as_strided(dst[rr][ro:], (count, n), (rs, 1))
+                np.copyto(b, a)
     elapsed = time.perf_counter() - start
-    return sum(p.total_bytes for p in plans) / elapsed / 1e9
+    return sum(p.total_bytes for request in plans for p in request) / elapsed / 1e9
 
 
-__all__ = ["agent_run", "memcpy_run", "raw_run", "run_case"]
+def _copy_rows(plan: Any) -> list[tuple[int, ...]]:
+    fields = ("local_region", "local_offset", "remote_region", "remote_offset", "size")
+    cols = [getattr(plan, f).tolist() for f in fields]
+    rep = plan.repeat if plan.repeat is not None else np.array([[1], [0], [0]]).repeat(len(plan), axis=1)
+    return list(zip(*cols, *rep.tolist(), strict=True))
+
+
+__all__ = ["Pods", "agent_run", "memcpy_run", "raw_run", "run_case", "verify_run"]

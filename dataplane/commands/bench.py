@@ -3,8 +3,11 @@ same blocks vs a plain memcpy of the same bytes, side by side in one run (``data
 measures; this module parses, renders and records).
 
 Block-size cases use a KV-only model whose page is the block (each request = one page of K and one of
-V); the mix case cycles a model profile's request lengths. Agent and raw engine get the same
-``NixlConfig`` (``--ucx-tls``), and the UCX_* variables this process inherits reach both alike.
+V); the mix case cycles a model profile's request lengths between pods of equal TP; each TP room
+(``--tp-rooms``) runs that mix between a prefill pod of TP P and a decode pod of TP D, every rank of a
+pod served by its one agent. Agent and raw engine get the same ``NixlConfig`` (``--ucx-tls``), and the
+UCX_* variables this process inherits reach both alike. Every case ends with a verified run: every
+byte each decode rank received checked per component.
 """
 
 from __future__ import annotations
@@ -29,6 +32,35 @@ CASE_BYTES = 256 << 20
 MAX_BLOCK = 256 << 20
 """Each block-size case's agent holds at least two pages of K and of V per room in flight."""
 MAX_INFLIGHT = 64
+TP_ROOMS = "qwen3-next:1-2,pure-kv:2-1"
+MAX_TP = 8
+"""A TP room starts one agent process per pod serving all its ranks; 8 ranks is the largest pod here."""
+
+
+def tp_room(text: str) -> tuple[str, int, int]:
+    """One ``--tp-rooms`` entry, ``PROFILE:P-D``: the profile's mix from prefill TP P to decode TP D."""
+    name, sep, sizes = text.strip().partition(":")
+    p, dash, d = sizes.partition("-")
+    if not sep or not dash:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not PROFILE:P-D: write e.g. qwen3-next:1-2 (prefill TP 1 to decode TP 2)"
+        )
+    profile = one_of(profile_names(), "profile")(name)
+    tp = integer(1, MAX_TP)
+    ptp, dtp = tp(p), tp(d)
+    for n in (ptp, dtp):
+        if n & (n - 1):
+            raise argparse.ArgumentTypeError(f"{text!r}: TP {n} is not a power of two; give 1, 2, 4 or 8")
+    if ptp == dtp:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: prefill and decode TP are equal; a TP room has different sizes (--mix is equal TP)"
+        )
+    return profile, ptp, dtp
+
+
+def tp_rooms(text: str) -> tuple[tuple[str, int, int], ...]:
+    """``--tp-rooms``: TP-mismatched rooms, comma-separated, or '' for none."""
+    return listed(tp_room, "TP rooms", 8, min_items=0)(text)
 
 
 def block_sizes(text: str) -> tuple[int, ...]:
@@ -70,6 +102,11 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_case_options(t, SIZES, CASE_BYTES, 400, 3)
+    t.add_argument(
+        "--tp-rooms", type=tp_rooms, default=TP_ROOMS, metavar="PROFILE:P-D,...",
+        help="TP-mismatched rooms: a profile's request mix from a prefill pod of TP P to a decode pod of TP "
+        f"D (P, D powers of two up to {MAX_TP}), comma-separated, or '' for none (default: {TP_ROOMS})",
+    )
     t.add_argument("--warmup", type=integer(0, 10_000), default=5,
                    help="untimed requests before each timed run, 0 to 10,000 (default: 5)")
     t.add_argument(
@@ -222,14 +259,22 @@ def block_config(block: int, requests: int, nixl: Any = None, inflight: int = 1)
     )
 
 
-def mix_config(profile: str, requests: int, nixl: Any = None, inflight: int = 1) -> Any:
-    from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig
+def mix_config(
+    profile: str, requests: int, nixl: Any = None, inflight: int = 1, prefill_tp: int = 1, decode_tp: int = 1
+) -> Any:
+    """The profile's request mix between a prefill pod of TP ``prefill_tp`` and a decode pod of TP
+    ``decode_tp``. A rank of the wider pod finishes its part of a room on its own, so the narrower
+    side holds parts of more rooms than one rank keeps in flight: its pools are sized for that skew."""
+    from ..config import AgentConfig, ModelConfig, NixlConfig, RoleConfig, SyntheticConfig
 
+    skew = max(prefill_tp, decode_tp) // min(prefill_tp, decode_tp)
     return AgentConfig(
         model=ModelConfig(
-            profile=profile, pool_pages=128 * max(4, inflight), max_requests=max(16, 2 * inflight),
-            prefault=True,
+            profile=profile, pool_pages=128 * max(4, inflight) * skew,
+            max_requests=max(16, 2 * inflight) * skew, prefault=True,
         ),
+        prefill=RoleConfig(tp_size=prefill_tp),
+        decode=RoleConfig(tp_size=decode_tp),
         transfer=_transfer(nixl or NixlConfig()),
         synthetic=SyntheticConfig(
             requests_per_second=0, requests=requests, tokens=(1024, 4096, 300, 2048), max_inflight=inflight,
@@ -243,9 +288,6 @@ def run(args: argparse.Namespace) -> int:
     from ..config import NixlConfig
 
     require_cases(args)
-    compiled = compiled_agents(args.compiled)
-    if compiled is None:
-        return 2
     threads = args.nixl_threads
     nixl = NixlConfig(
         ucx_tls=args.ucx_tls, num_threads=threads, post_thread=not args.no_post_thread,
@@ -258,6 +300,13 @@ def run(args: argparse.Namespace) -> int:
     if args.mix:
         mix = mix_config(args.mix, min(args.max_requests, 200), nixl, args.inflight)
         cases.append((f"mix:{args.mix}", mix))
+    for profile, ptp, dtp in args.tp_rooms:
+        room = mix_config(profile, min(args.max_requests, 200), nixl, args.inflight, ptp, dtp)
+        check_tp_room(f"{profile}:{ptp}-{dtp}", room)
+        cases.append((f"{profile} TP{ptp}->{dtp}", room))
+    compiled = compiled_agents(args.compiled)
+    if compiled is None:
+        return 2
     results = []
     for label, cfg in cases:
         if args.no_lanes:
@@ -280,8 +329,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def require_cases(args: argparse.Namespace) -> None:
-    if not args.sizes and not args.mix:
-        raise BadInput("--sizes '' and --mix '': nothing to measure; give block sizes, a profile or both")
+    if not args.sizes and not args.mix and not getattr(args, "tp_rooms", ()):
+        what = "--sizes '', --mix ''" + (" and --tp-rooms ''" if hasattr(args, "tp_rooms") else "")
+        raise BadInput(f"{what}: nothing to measure; give block sizes, a profile or both")
+
+
+def check_tp_room(name: str, cfg: Any) -> None:
+    """A TP room the profile cannot split (say, more ranks than KV heads) is the user's mistake: one
+    line naming the room, before any agent starts."""
+    from ..bench.transfer import Pods
+    from ..errors import PlanError, SchemaError
+
+    try:
+        Pods.of(cfg).plans(max(cfg.synthetic.tokens))
+    except (PlanError, SchemaError) as exc:
+        raise BadInput(f"--tp-rooms {name}: {exc}; pick TP sizes the profile splits") from None
 
 
 def add_compiled_option(parser: argparse.ArgumentParser) -> None:
@@ -311,7 +373,7 @@ def _label(size: int) -> str:
 
 
 COLUMNS = (
-    ("case", "case", "<16", ""), ("requests", "requests", ">8", ""),
+    ("case", "case", "<20", ""), ("requests", "requests", ">8", ""),
     ("agent GB/s", "agent_gbps", ">10", ".3f"),
     ("raw GB/s", "raw_engine_gbps", ">9", ".3f"), ("memcpy GB/s", "memcpy_gbps", ">11", ".3f"),
     ("agent/raw", "ratio_agent_vs_raw", ">9", ".3f"),
@@ -322,6 +384,7 @@ COLUMNS = (
     ("amortised us", "amortised_overhead_us", ">12", ".1f"),
     ("prefill worker CPU us", "prefill_worker_cpu_us", ">21", ".1f"),
     ("decode worker CPU us", "decode_worker_cpu_us", ">20", ".1f"),
+    ("verified", "verified", ">8", ""),
 )
 
 
@@ -329,13 +392,16 @@ def table(results: list[dict[str, Any]]) -> str:
     head = " ".join(f"{title:{align}}" for title, _, align, _ in COLUMNS)
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(
-            " ".join(
-                f"{r[key]:{align}{fmt}}" if r.get(key) is not None else f"{'-':{align}}"
-                for _, key, align, fmt in COLUMNS
-            )
-        )
+        lines.append(" ".join(_cell(r.get(key), align, fmt) for _, key, align, fmt in COLUMNS))
     return "\n".join(lines)
+
+
+def _cell(value: Any, align: str, fmt: str) -> str:
+    if value is None:
+        return f"{'-':{align}}"
+    if isinstance(value, bool):
+        return f"{'yes' if value else 'NO':{align}}"
+    return f"{value:{align}{fmt}}"
 
 
 def machine() -> str:

@@ -1,11 +1,12 @@
 """The common request shape's plan as one compiled call (numba), when numba is installed.
 
 ``CommonShape.plan`` in numpy is about twenty numpy calls, each a fixed ~0.5-1.5 µs whatever its size,
-for ~2,600 rows; this kernel does the same work in one call: one pass over both sides' pages
-(range check and run count), the three output arrays, the first block's runs, copies of them for the
-other KV buffers, and the single-index rows. It writes exactly the numpy path's rows (the tests
-compare the two, and both with the general path); it declines (empty arrays) where the numpy path
-declines on range, and the caller then falls back the same way.
+for ~2,600 rows; this kernel does the same work in one call: one pass over both sides' pages (range
+check and the runs), the three output arrays, the runs copied for every KV buffer, and the
+single-index rows. The call needs at least one page (``CommonShape`` never calls it with none). It
+writes exactly the numpy path's rows (the tests compare the two, and both with the general path); it
+declines (empty arrays) where the numpy path declines on range, and the caller then falls back the
+same way.
 
 numba is an optional dependency (the ``agent`` extra pins it): without it, or with
 ``PDPAIR_PLANNER_KERNEL=0`` in the environment, ``KERNEL`` is ``None`` and the numpy path runs.
@@ -81,13 +82,19 @@ def _source(src: Any, dst: Any, table: Any, picks: Any) -> Any:
     ``[src per group..., dst per group..., 1]`` (``CommonShape._singles``)."""
     limit, item, blocks, singles, based = table[0], table[1], table[2], table[3], table[4]
     n = src.shape[0]
-    runs = 1
+    first = np.empty((3, n), np.int64)  # the runs' [src offset; dst offset; size], as in numpy
+    runs = 0
     prev_s = prev_d = np.int64(-2)
-    for i in range(n):  # range check of both sides, and the number of runs
+    for i in range(n):  # range check of both sides and the runs, in one pass
         s, d = np.int64(src[i]), np.int64(dst[i])
         if s < 0 or d < 0 or s >= limit or d >= limit:
             return (np.empty((3, 0), np.int64), np.empty((2, 0), np.int32), np.empty(0, np.int16))
-        if i > 0 and (s != prev_s + 1 or d != prev_d + 1):
+        if s == prev_s + 1 and d == prev_d + 1:
+            first[2, runs - 1] += item
+        else:
+            first[0, runs] = s * item
+            first[1, runs] = d * item
+            first[2, runs] = item
             runs += 1
         prev_s, prev_d = s, d
     kv_rows = blocks * runs
@@ -95,31 +102,26 @@ def _source(src: Any, dst: Any, table: Any, picks: Any) -> Any:
     i64 = np.empty((3, rows), np.int64)
     i32 = np.empty((2, rows), np.int32)
     i16 = np.empty(rows, np.int16)
-    first = np.empty((3, runs), np.int64)  # the runs' [src offset; dst offset; size], as in numpy
-    k = start = 0
-    for i in range(1, n + 1):
-        if i == n or src[i] != np.int64(src[i - 1]) + 1 or dst[i] != np.int64(dst[i - 1]) + 1:
-            first[0, k] = np.int64(src[start]) * item
-            first[1, k] = np.int64(dst[start]) * item
-            first[2, k] = (i - start) * item
-            k += 1
-            start = i
+    # The KV rows are most of the output: unsigned indices there (numba checks a signed index for
+    # wraparound on every access, which keeps these loops from vectorising: a quarter of the call).
+    # No signed value may meet them: numba widens uint64 with int64 to float64.
+    u_runs = np.uint64(runs)
     for j in range(3):  # every KV buffer writes the same runs
         row, runs_j = i64[j], first[j]
         for b in range(blocks):
-            at = b * runs
-            for r in range(runs):
+            at = np.uint64(b) * u_runs
+            for r in range(u_runs):
                 row[at + r] = runs_j[r]
     local, remote = i32[0], i32[1]
     for b in range(blocks):
-        at = b * runs
+        at = np.uint64(b) * u_runs
         region = np.int32(table[HEADER + b])
-        for r in range(runs):
+        for r in range(u_runs):
             local[at + r] = region
         region = np.int32(table[HEADER + blocks + b])
-        for r in range(runs):
+        for r in range(u_runs):
             remote[at + r] = region
-    for r in range(kv_rows):
+    for r in range(np.uint64(kv_rows)):
         i16[r] = KV_COMPONENT
     scale = HEADER + 2 * blocks
     gather, bases, regions = scale + 3 * singles, scale + 6 * singles, scale + 8 * singles

@@ -28,7 +28,8 @@ def cli(*args: str) -> list[dict[str, Any]]:
 
 def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
     """With the compiled agent modules (the benchmark's default, built here if the cache has none)."""
-    rows = cli("bench", "transfer", *TINY, "--mix", "qwen3-next", "--repeat", "1", "--inflight", "2")
+    args = ("--mix", "qwen3-next", "--tp-rooms", "", "--repeat", "1", "--inflight", "2")
+    rows = cli("bench", "transfer", *TINY, *args)
     assert [r["case"] for r in rows] == ["64KiB", "mix:qwen3-next"]
     for r in rows:
         assert r["compiled"] is True
@@ -41,6 +42,7 @@ def test_bench_transfer_reports_agent_raw_and_memcpy_per_case() -> None:
         assert r["ratio_threaded_runs"][0] == pytest.approx(r["ratio_agent_vs_raw_threaded"], rel=0.02)
         assert r["prefill_worker_cpu_us"] > 0 and r["prefill_cpu_us"] >= 0  # from /proc; None fails
         assert r["decode_worker_cpu_us"] > 0
+        assert r["verified"] is True and r["agent_bytes_per_request"] == r["bytes_per_request"] > 0, r
 
 
 def test_sidecar_bench_reports_both_orders_against_the_in_process_engine() -> None:
@@ -105,3 +107,25 @@ def test_agent_rate_measures_rooms_and_worker_cpu_per_window() -> None:
         assert w["rooms_per_second"] > 0 and w["prefill_worker_cpu_us"] > 0 and w["decode_worker_cpu_us"] > 0
     rates = [w["rooms_per_second"] for w in out["windows"]]
     assert out["rooms_per_second"] == pytest.approx(sum(rates) / 2)  # the median of two windows
+
+
+def test_bench_transfer_tp_rooms_move_and_verify_every_rank_pairs_bytes() -> None:
+    """Prefill TP 1 → decode TP 2 (Qwen3-Next: KV heads and Mamba state split) and TP 2 → 1 (KV only):
+    the agents move exactly the planned bytes of every rank pair (compact plans: fewer rows than
+    writes), the raw engine the same, and a verified run checks every byte on each decode rank."""
+    rows = cli(
+        "bench", "transfer", *TINY, "--sizes", "", "--mix", "", "--tp-rooms", "qwen3-next:1-2,pure-kv:2-1",
+        "--repeat", "1", "--inflight", "2", "--compiled", "off",
+    )
+    assert [(r["case"], r["prefill_tp"], r["decode_tp"]) for r in rows] == [
+        ("qwen3-next TP1->2", 1, 2), ("pure-kv TP2->1", 2, 1)
+    ]
+    for r in rows:
+        assert r["verified"] is True and r["verified_rooms"] == 8, r
+        # every prefill rank writes the request's one aux item (64 bytes); decode counts it once
+        repeated_aux = 64 * (r["prefill_tp"] - r["decode_tp"]) if r["prefill_tp"] > r["decode_tp"] else 0
+        assert r["agent_bytes_per_request"] == r["bytes_per_request"] - repeated_aux > 0, r
+        assert r["writes_per_request"] > 10 * r["plan_rows_per_request"], r  # head slices stay compact
+        assert r["agent_gbps"] > 0 and r["raw_engine_gbps"] > 0 and r["memcpy_gbps"] > 0
+    assert set(rows[0]["verified_components"]) == {"kv", "aux", "mamba"}
+    assert set(rows[1]["verified_components"]) == {"kv", "aux"}

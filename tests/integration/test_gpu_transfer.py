@@ -1,8 +1,9 @@
 """GPU state transfer on a real CUDA device: prefill → decode between two processes on one GPU.
 
 Runs ``bench/gpu_transfer.py --quick`` (NIXL VRAM registration, the agent's pools and transport,
-the staged path with both kernels, CUDA IPC) and checks that every path delivered every byte of every
-component, and that staging beats per-page writes on 4 KiB pages. Needs a CUDA GPU: on CPU-only CI
+the staged path with both kernels, CUDA IPC; a Qwen3-Next room from prefill TP 1 to decode TP 2
+beside its equal-TP room) and checks that every path delivered every byte of every component, and
+that staging beats per-page writes on 4 KiB pages. Needs a CUDA GPU: on CPU-only CI
 this is the one test that skips, with that reason.
 """
 
@@ -37,12 +38,18 @@ def test_every_path_delivers_every_byte_and_staging_beats_per_page_writes(tmp_pa
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"4KiB x 2048", "64MiB x 4", "qwen3-next 1k tok", "deepseek-v3.2 1k tok"}
+    assert set(rows) == {
+        "4KiB x 2048", "64MiB x 4", "qwen3-next 1k tok", "deepseek-v3.2 1k tok", "qwen3-next TP1->1 64p",
+        "qwen3-next TP1->2 64p",
+    }
     for case, row in rows.items():
         paths = {k: v for k, v in row.items() if isinstance(v, dict) and "verified" in v}
         assert len(paths) >= 5, (case, sorted(row))
         for name, result in paths.items():
             assert result["verified"], (case, name, result)
+    room = rows["qwen3-next TP1->2 64p"]  # prefill TP 1 -> decode TP 2: compact rows to cuda-ipc
+    assert room["equal"] == "qwen3-next TP1->1 64p" and room["writes"] > 10 * room["rows"], room
+    assert room["ipc"]["changed_bytes"] == room["bytes"] == sum(room["components"].values())
     small = rows["4KiB x 2048"]
     best_staged = max(v["gbps"] for k, v in small.items() if k.startswith("staged-"))
     assert best_staged > 2 * small["direct"]["gbps"], small
