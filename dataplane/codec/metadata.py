@@ -32,6 +32,7 @@ I32_MAX = 2**31 - 1
 _NO_STATE = np.empty(0, dtype=np.int32)
 _WIRE_I32 = np.dtype("<i4")
 _LITTLE = sys.byteorder == "little"
+_BYTES_ONLY = {bytes}
 _ONE_LIST = struct.Struct("<II")
 """``pack_int_lists`` header of a single list: the common one-component state frame skips the generic
 packer (an int32 array needs no range check)."""
@@ -112,11 +113,11 @@ def _state(frame: bytes, *, legacy_flat_state: bool) -> tuple[IndexArray, ...]:
 
 def decode_metadata(frames: Sequence[bytes], *, legacy_flat_state: bool = False) -> TransferMetadata:
     """Parse untrusted frames; raises ``WireFormatError`` only."""
-    f = check_frames(frames, kind="metadata", min_frames=MIN_METADATA_FRAMES)
-    if not legacy_flat_state:
-        plain = _decode_plain(f)
+    if not legacy_flat_state and type(frames) is list:
+        plain = _decode_plain(frames)
         if plain is not None:
             return plain
+    f = check_frames(frames, kind="metadata", min_frames=MIN_METADATA_FRAMES)
     if f[1] == b"None":
         raise WireFormatError("metadata: frame 1 is b'None', which marks a registration message")
     kv = unpack_array(f[5], "i", what="dst_kv_indices")
@@ -138,12 +139,13 @@ def decode_metadata(frames: Sequence[bytes], *, legacy_flat_state: bool = False)
     )
 
 
-def _decode_plain(f: list[bytes]) -> TransferMetadata | None:
+def _decode_plain(f: list[Any]) -> TransferMetadata | None:
     """The common message (an aux index, no or one state list, no decode prefix, plain fields) in one
-    pass, with the same checks as the general path, inline; ``None`` for anything else, which the
-    general path then parses or rejects with the field's error. Digit strings of at most 19 (9) digits
-    are below 2**64 (2**31) whatever their digits, so only the port and the count need a range check."""
-    if len(f) < 9 or not _LITTLE:
+    pass, with the same checks as the general path, inline (``check_frames``' too: the guard first,
+    every frame ``bytes``); ``None`` for anything else, which the general path then parses or
+    rejects with the field's error. Digit strings of at most 19 (9) digits are below 2**64 (2**31)
+    whatever their digits, so only the port and the count need a range check."""
+    if len(f) < 9 or not _LITTLE or f[0] != GUARD or set(map(type, f)) != _BYTES_ONLY:
         return None
     room, ep, port, key, kv, aux, state, required = f[1:9]
     n = len(state)

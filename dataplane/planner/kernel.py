@@ -83,28 +83,28 @@ def _source(src: Any, dst: Any, table: Any, picks: Any) -> Any:
     limit, item, blocks, singles, based = table[0], table[1], table[2], table[3], table[4]
     n = src.shape[0]
     first = np.empty((3, n), np.int64)  # the runs' [src offset; dst offset; size], as in numpy
-    runs = 0
+    # Unsigned indices wherever an index meets an array (numba checks a signed index for
+    # wraparound on every access, which costs a quarter of the call and keeps the copy loops from
+    # vectorising). No signed value may meet them: numba widens uint64 with int64 to float64.
+    runs, one = np.uint64(0), np.uint64(1)
     prev_s = prev_d = np.int64(-2)
-    for i in range(n):  # range check of both sides and the runs, in one pass
+    for i in range(np.uint64(n)):  # range check of both sides and the runs, in one pass
         s, d = np.int64(src[i]), np.int64(dst[i])
         if s < 0 or d < 0 or s >= limit or d >= limit:
             return (np.empty((3, 0), np.int64), np.empty((2, 0), np.int32), np.empty(0, np.int16))
         if s == prev_s + 1 and d == prev_d + 1:
-            first[2, runs - 1] += item
+            first[2, runs - one] += item
         else:
             first[0, runs] = s * item
             first[1, runs] = d * item
             first[2, runs] = item
-            runs += 1
+            runs += one
         prev_s, prev_d = s, d
-    kv_rows = blocks * runs
+    kv_rows = blocks * np.int64(runs)
     rows = kv_rows + singles
     i64 = np.empty((3, rows), np.int64)
     i32 = np.empty((2, rows), np.int32)
     i16 = np.empty(rows, np.int16)
-    # The KV rows are most of the output: unsigned indices there (numba checks a signed index for
-    # wraparound on every access, which keeps these loops from vectorising: a quarter of the call).
-    # No signed value may meet them: numba widens uint64 with int64 to float64.
     u_runs = np.uint64(runs)
     for j in range(3):  # every KV buffer writes the same runs
         row, runs_j = i64[j], first[j]
@@ -125,17 +125,25 @@ def _source(src: Any, dst: Any, table: Any, picks: Any) -> Any:
         i16[r] = KV_COMPONENT
     scale = HEADER + 2 * blocks
     gather, bases, regions = scale + 3 * singles, scale + 6 * singles, scale + 8 * singles
-    for j in range(3):  # the single-index rows: table scale x the request's pick, plus any base
-        row = i64[j]
-        for r in range(singles):
-            value = table[scale + j * singles + r] * picks[table[gather + j * singles + r]]
-            if based and j < 2:
-                value += table[bases + j * singles + r]
-            row[kv_rows + r] = value
-    for r in range(singles):
-        local[kv_rows + r] = table[regions + r]
-        remote[kv_rows + r] = table[regions + singles + r]
-        i16[kv_rows + r] = table[regions + 2 * singles + r]
+    # The single-index rows: table scale x the request's pick, plus any base (tested once, so no
+    # row loop branches).
+    u_singles, u_kv = np.uint64(singles), np.uint64(kv_rows)
+    u_scale, u_gather = np.uint64(scale), np.uint64(gather)
+    for j in range(3):
+        row, at = i64[j], np.uint64(j) * u_singles
+        for r in range(u_singles):
+            row[u_kv + r] = table[u_scale + at + r] * picks[np.uint64(table[u_gather + at + r])]
+    if based:
+        u_bases = np.uint64(bases)
+        for j in range(2):
+            row, at = i64[j], np.uint64(j) * u_singles
+            for r in range(u_singles):
+                row[u_kv + r] += table[u_bases + at + r]
+    u_regions = np.uint64(regions)
+    for r in range(u_singles):
+        local[u_kv + r] = table[u_regions + r]
+        remote[u_kv + r] = table[u_regions + u_singles + r]
+        i16[u_kv + r] = table[u_regions + np.uint64(2) * u_singles + r]
     return (i64, i32, i16)
 
 
@@ -144,7 +152,20 @@ def _compile() -> Kernel | None:
     failing to compile: then with a warning in the log)."""
     global _WHY_NOT
     kernel, _WHY_NOT = compiled(_source, _signature, ENV)
-    return cast(Kernel | None, kernel)
+    return cast(Kernel | None, kernel if kernel is None else entry_point(kernel))
+
+
+def entry_point(dispatcher: Any) -> Any:
+    """The compiled code of a kernel built for one signature, called without numba's dispatcher
+    (which matches every argument's type to its signatures first: a quarter of this kernel's fixed
+    cost per call), or ``dispatcher`` itself where numba offers no such entry. It converts arrays
+    without checking their dtype or dimensions, so a caller passes only what the signature names:
+    ``CommonShape._plan`` checks the request's pages (int32, 1-D); the table and the picks it makes."""
+    overloads = getattr(dispatcher, "overloads", None)
+    if not isinstance(overloads, dict) or len(overloads) != 1:
+        return dispatcher
+    entry = getattr(next(iter(overloads.values())), "entry_point", None)
+    return entry if callable(entry) else dispatcher
 
 
 def _signature(t: Any) -> Any:

@@ -103,33 +103,32 @@ class CommonShape:
     def plan(self, req: RequestIndices) -> WritePlan | None:
         """Every write of ``req`` if it has the common shape and passes the combined range check;
         ``None`` otherwise (nothing is planned, nothing raised). Planned by the compiled kernel
-        where there is one (``kernel.KERNEL``), else in numpy (``plan_numpy``): the same rows."""
-        return self._plan(req, _kernel.KERNEL)
-
-    def plan_numpy(self, req: RequestIndices) -> WritePlan | None:
-        """``plan`` without the compiled kernel (what runs where numba is not installed)."""
-        return self._plan(req, None)
-
-    def _plan(self, req: RequestIndices, compiled: _kernel.Kernel | None) -> WritePlan | None:
-        picks = self._singles(req)
+        where there is one (``kernel.KERNEL``), else in numpy (``plan_numpy``): the same rows.
+        The kernel is called without numba's type matching (``kernel.entry_point``): the pages'
+        dtype and dimensions are checked here, before the call, and nothing else reaches it."""
         src, dst = req.src_kv, req.dst_kv
         n = src.size
-        if (
-            picks is None
-            or n < 1
-            or dst.size != n
-            or src.dtype != _I32
-            or dst.dtype != _I32
-            or src.ndim != 1
-            or dst.ndim != 1
-        ):
+        if n < 1 or dst.size != n or src.dtype != _I32 or dst.dtype != _I32 or src.ndim != 1 or dst.ndim != 1:
             return None
+        picks = self._singles(req)
+        if picks is None:
+            return None
+        compiled = _kernel.KERNEL
         if compiled is None:
             return self._numpy(src, dst, picks)
         i64, i32, i16 = compiled(src, dst, self.table, np.array(picks, dtype=np.int64))
         if not len(i16):
             return None
         return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
+
+    def plan_numpy(self, req: RequestIndices) -> WritePlan | None:
+        """``plan`` without the compiled kernel (what runs where numba is not installed)."""
+        src, dst = req.src_kv, req.dst_kv
+        n = src.size
+        if n < 1 or dst.size != n or src.dtype != _I32 or dst.dtype != _I32 or src.ndim != 1 or dst.ndim != 1:
+            return None
+        picks = self._singles(req)
+        return None if picks is None else self._numpy(src, dst, picks)
 
     def _numpy(
         self, src: npt.NDArray[np.int32], dst: npt.NDArray[np.int32], picks: list[int]
