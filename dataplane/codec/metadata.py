@@ -65,7 +65,53 @@ def _state_frame(state: Sequence[Any | None]) -> bytes:
 
 
 def encode_metadata(msg: TransferMetadata) -> list[bytes]:
-    """Frames as sglang 0.5.23's ``send_metadata`` builds them (dummy blanks KV, aux and state)."""
+    """Frames as sglang 0.5.23's ``send_metadata`` builds them (dummy blanks KV, aux and state).
+
+    The common message (plain ints and ASCII strings in range, int32 KV pages, an aux index, one
+    state array of int32, no decode prefix) is checked and built in one pass; anything else, errors
+    included, by the general path."""
+    room, port, required, aux = msg.room, msg.dst_port, msg.required_dst_info_num, msg.dst_aux_index
+    ep, key, kv, state = msg.endpoint, msg.engine_key, msg.dst_kv_indices, msg.dst_state_indices
+    if (
+        type(room) is int
+        and type(port) is int
+        and type(required) is int
+        and type(aux) is int
+        and 0 <= room <= U64_MAX
+        and 0 <= port <= 65535
+        and 1 <= required <= I32_MAX
+        and 0 <= aux <= I32_MAX
+        and type(ep) is str
+        and type(key) is str
+        and ep.isascii()
+        and key.isascii()
+        and ep.isprintable()
+        and key.isprintable()
+        and type(kv) is np.ndarray
+        and kv.ndim == 1
+        and kv.dtype == _WIRE_I32
+        and not msg.is_dummy
+        and not msg.decode_prefix_len
+        and len(state) == 1
+    ):
+        one = state[0]
+        if type(one) is np.ndarray and one.ndim == 1 and one.dtype == _WIRE_I32:
+            return [
+                GUARD,
+                b"%d" % room,
+                ep.encode("ascii"),
+                b"%d" % port,
+                key.encode("ascii"),
+                kv.tobytes(),
+                b"%d" % aux,
+                _ONE_LIST.pack(1, one.nbytes) + one.tobytes(),
+                b"%d" % required,
+                b"",
+            ]
+    return _encode(msg)
+
+
+def _encode(msg: TransferMetadata) -> list[bytes]:
     dummy = msg.is_dummy
     aux = msg.dst_aux_index
     if not isinstance(aux, int) or isinstance(aux, bool) or aux < -1:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CommonShape"]
 
-_I32 = np.dtype(np.int32)
+_I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
 _ONE = (1,)
 _A = TypeVar("_A", bound=np.ndarray[Any, Any])
 
@@ -116,7 +116,7 @@ class CommonShape:
         compiled = _kernel.KERNEL
         if compiled is None:
             return self._numpy(src, dst, picks)
-        i64, i32, i16 = compiled(src, dst, self.table, np.array(picks, dtype=np.int64))
+        i64, i32, i16 = compiled(src, dst, self.table, np.array(picks, _I64))
         if not len(i16):
             return None
         return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
