@@ -211,6 +211,9 @@ def test_common_shape_declines_what_it_does_not_cover(impl: str) -> None:
     declined = [
         replace(base, dst_kv=dst[:-1]),  # one-page drift
         replace(base, src_kv=src.astype(np.int64)),  # not int32
+        replace(base, dst_kv=dst.astype(np.int64)),
+        replace(base, dst_kv=dst.astype(">i4")),  # not native
+        replace(base, src_kv=src.reshape(-1, 1)),  # not 1-D
         replace(base, src_aux=None, dst_aux=None),  # no aux
         replace(base, dst_state=[np.array([1, 2], np.int32)]),  # several state indices
         replace(base, src_state=[None]),  # a component skipped
@@ -328,6 +331,17 @@ def test_kernel_takes_strided_and_read_only_pages() -> None:
     for req in (replace(base, src_kv=src2, dst_kv=dst2), replace(base, dst_kv=ro)):
         got = pr.common.plan(req)
         assert got is not None and got.rows() == expected
+
+
+@pytest.mark.skipif(not NUMBA, reason="numba is not installed")
+def test_kernel_is_called_past_numba_dispatch() -> None:
+    """The plan calls the kernel's compiled entry point, not numba's dispatcher (whose type matching
+    ``CommonShape.plan`` does itself, for the pages); an object without one compiled signature is
+    called as it is."""
+    assert not hasattr(kernel.KERNEL, "overloads")
+    dispatcher = kernel.compiled(kernel._source, kernel._signature, kernel.ENV)[0]
+    assert kernel.entry_point(dispatcher) is not dispatcher
+    assert kernel.entry_point(kernel._source) is kernel._source
 
 
 def _describe(env: dict[str, str]) -> str:
