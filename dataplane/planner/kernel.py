@@ -5,8 +5,8 @@ for ~2,600 rows; this kernel does the same work in one call: one pass over both 
 check and the runs), the three output arrays, the runs copied for every KV buffer, and the
 single-index rows. The call needs at least one page (``CommonShape`` never calls it with none). It
 writes exactly the numpy path's rows (the tests compare the two, and both with the general path); it
-declines (empty arrays) where the numpy path declines on range, and the caller then falls back the
-same way.
+declines (empty arrays) where the numpy path declines on range (pages and state slots; the caller
+checks the aux slots, which come as plain ints), and the caller then falls back the same way.
 
 numba is an optional dependency (the ``agent`` extra pins it): without it, or with
 ``PDPAIR_PLANNER_KERNEL=0`` in the environment, ``KERNEL`` is ``None`` and the numpy path runs.
@@ -15,12 +15,15 @@ at start-up, never on a request), with numba's on-disk cache where one is writab
 planner then takes ~0.5 s more (numba itself and the cached kernel), ~1.8 s the first time (compiling).
 The kernel holds no state and releases the GIL (``nogil``); any thread may call it.
 
-The per-peer ``table`` (``pack_table``) is one flat int64 array, so a call unboxes four arguments::
+The per-peer ``table`` (``pack_table``) is one flat int64 array; a call passes it, both sides' pages,
+both aux slots (ints) and both sides' state slots (int32, one per component: a decoded message's
+arrays as they are)::
 
-    [kv_limit, item, blocks, singles, based,
+    [kv_limit, item, blocks, singles, based, components,
      kv_local_region (blocks), kv_remote_region (blocks),
      scale (3 x singles), gather (3 x singles), bases (2 x singles),
-     local_region (singles), remote_region (singles), component (singles)]
+     local_region (singles), remote_region (singles), component (singles),
+     state_limit (2 x components: prefill's, then decode's)]
 """
 
 from __future__ import annotations
@@ -40,12 +43,20 @@ __all__ = ["HEADER", "KERNEL", "compiled", "describe", "pack_table"]
 
 log = logging.getLogger(__name__)
 
-HEADER = 5
+HEADER = 6
 """Entries before the per-block tables in a packed table."""
 ENV = "PDPAIR_PLANNER_KERNEL"
 
 Kernel = Callable[
-    [npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    [
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int64],
+        int,
+        int,
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+    ],
     tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int16]],
 ]
 
@@ -59,29 +70,46 @@ def pack_table(
     bases: npt.NDArray[np.int64] | None,
     regions: npt.NDArray[np.int32],
     component: npt.NDArray[np.int16],
+    state_limits: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.int64]:
-    """The kernel's per-peer table (see the module docstring), read-only."""
+    """The kernel's per-peer table (see the module docstring), read-only. ``state_limits`` is
+    ``(2, components)``: each component's item count on the prefill side, then on the decode side."""
     blocks, singles = kv_regions.shape[1], scale.shape[1]
     parts: list[Any] = [
-        [kv_limit, item, blocks, singles, int(bases is not None)],
+        [kv_limit, item, blocks, singles, int(bases is not None), state_limits.shape[1]],
         kv_regions.reshape(2, blocks).ravel(),
         scale.ravel(),
         gather.ravel(),
         (bases if bases is not None else np.zeros((2, singles), np.int64)).ravel(),
         regions.ravel(),
         component,
+        state_limits.ravel(),
     ]
     table = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
     table.setflags(write=False)
     return table
 
 
-def _source(src: Any, dst: Any, table: Any, picks: Any) -> Any:
+def _source(
+    src: Any, dst: Any, table: Any, src_aux: Any, dst_aux: Any, src_slots: Any, dst_slots: Any
+) -> Any:
     """The kernel's source, compiled by numba for ``_compile``'s one signature: ``src`` and ``dst``
-    int32 pages (any strides), the packed ``table``, and ``picks``, the request's single indices
-    ``[src per group..., dst per group..., 1]`` (``CommonShape._singles``)."""
+    int32 pages (any strides), the packed ``table``, the aux slots (in range: the caller checks
+    them) and each component's state slot on either side (int32, any strides)."""
     limit, item, blocks, singles, based = table[0], table[1], table[2], table[3], table[4]
-    n = src.shape[0]
+    n, components = src.shape[0], table[5]
+    if src_slots.shape[0] != components or dst_slots.shape[0] != components:
+        return (np.empty((3, 0), np.int64), np.empty((2, 0), np.int32), np.empty(0, np.int16))
+    # The request's single indices, [src per group..., dst per group..., 1] (aux, then each
+    # component: what the table's ``gather`` picks from), each state slot checked against its limit.
+    picks = np.empty(2 * components + 3, np.int64)
+    picks[0], picks[components + 1], picks[2 * components + 2] = src_aux, dst_aux, 1
+    limits = HEADER + 2 * blocks + 11 * singles
+    for c in range(components):
+        s, d = np.int64(src_slots[c]), np.int64(dst_slots[c])
+        if s < 0 or d < 0 or s >= table[limits + c] or d >= table[limits + components + c]:
+            return (np.empty((3, 0), np.int64), np.empty((2, 0), np.int32), np.empty(0, np.int16))
+        picks[1 + c], picks[components + 2 + c] = s, d
     first = np.empty((3, n), np.int64)  # the runs' [src offset; dst offset; size], as in numpy
     # Unsigned indices wherever an index meets an array (numba checks a signed index for
     # wraparound on every access, which costs a quarter of the call and keeps the copy loops from
@@ -172,7 +200,7 @@ def _signature(t: Any) -> Any:
     pages = t.Array(t.int32, 1, "A", readonly=True)
     table = t.Array(t.int64, 1, "C", readonly=True)
     out = t.Tuple((t.Array(t.int64, 2, "C"), t.Array(t.int32, 2, "C"), t.Array(t.int16, 1, "C")))
-    return out(pages, pages, table, table)
+    return out(pages, pages, table, t.int64, t.int64, pages, pages)
 
 
 def compiled(source: Callable[..., Any], signature: Callable[[Any], Any], env: str) -> tuple[Any, str]:

@@ -37,9 +37,11 @@ if TYPE_CHECKING:
 
 __all__ = ["CommonShape"]
 
-_I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
+_I32 = np.dtype(np.int32)
 _ONE = (1,)
 _A = TypeVar("_A", bound=np.ndarray[Any, Any])
+_Slots = tuple[int, int, npt.NDArray[np.int32], npt.NDArray[np.int32]]
+"""Each side's aux slot, then each side's state slots (``CommonShape._slots``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,38 +87,52 @@ class CommonShape:
         scale, regions = _frozen(tables.scale[:, lo:].copy()), _frozen(tables.regions[:, lo:].copy())
         bases = _frozen(tables.bases[:, lo:].copy()) if tables.based else None
         component = _frozen(tables.component[lo:].copy())
+        # A state slot beyond int32 (of an item count that large) is left to the general path.
+        state_limits = tuple((min(s.local_limit, 2**31), min(s.remote_limit, 2**31)) for s in singles[1:])
         return cls(
             item,
             g.blocks,
             limit,
             kv_regions,
             (singles[0].local_limit, singles[0].remote_limit),
-            tuple((s.local_limit, s.remote_limit) for s in singles[1:]),
+            state_limits,
             _frozen(gather),
             scale,
             bases,
             regions,
             component,
-            _kernel.pack_table(limit, item, kv_regions, scale, gather, bases, regions, component),
+            _kernel.pack_table(
+                limit,
+                item,
+                kv_regions,
+                scale,
+                gather,
+                bases,
+                regions,
+                component,
+                np.array(state_limits, np.int64).reshape(-1, 2).T,
+            ),
         )
 
     def plan(self, req: RequestIndices) -> WritePlan | None:
         """Every write of ``req`` if it has the common shape and passes the combined range check;
         ``None`` otherwise (nothing is planned, nothing raised). Planned by the compiled kernel
         where there is one (``kernel.KERNEL``), else in numpy (``plan_numpy``): the same rows.
-        The kernel is called without numba's type matching (``kernel.entry_point``): the pages'
-        dtype and dimensions are checked here, before the call, and nothing else reaches it."""
+        The kernel is called without numba's type matching (``kernel.entry_point``): the dtype and
+        dimensions of every array it takes are checked here (``_slots``), before the call."""
         src, dst = req.src_kv, req.dst_kv
         n = src.size
         if n < 1 or dst.size != n or src.dtype != _I32 or dst.dtype != _I32 or src.ndim != 1 or dst.ndim != 1:
             return None
-        picks = self._singles(req)
-        if picks is None:
-            return None
         compiled = _kernel.KERNEL
         if compiled is None:
-            return self._numpy(src, dst, picks)
-        i64, i32, i16 = compiled(src, dst, self.table, np.array(picks, _I64))
+            picks = self._singles(req)
+            return None if picks is None else self._numpy(src, dst, picks)
+        singles = self._slots(req)
+        if singles is None:
+            return None
+        aux_s, aux_d, slots_s, slots_d = singles
+        i64, i32, i16 = compiled(src, dst, self.table, aux_s, aux_d, slots_s, slots_d)
         if not len(i16):
             return None
         return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
@@ -161,6 +177,40 @@ class CommonShape:
         i32[:, kv_rows:] = self.regions
         i16[kv_rows:] = self.component
         return WritePlan.trusted(i32[0], i64[0], i32[1], i64[1], i64[2], i16)
+
+    def _slots(self, req: RequestIndices) -> _Slots | None:
+        """Each side's aux slot and state slots (a 1-D int32 array, one per component), for the
+        kernel, when aux has one in-range integer index on each side and every component one index
+        on each side; ``None`` otherwise. The kernel checks the state slots' range; a decoded
+        message's one-slot array (int32) passes as it is, anything else through ``_singles``."""
+        src, dst, src_state, dst_state = req.src_aux, req.dst_aux, req.src_state, req.dst_state
+        (src_limit, dst_limit), limits = self.aux_limits, self.state_limits
+        if (
+            type(src) is not int
+            or type(dst) is not int
+            or not (0 <= src < src_limit and 0 <= dst < dst_limit)
+            or src_state is None
+            or dst_state is None
+            or len(src_state) != len(limits)
+            or len(dst_state) != len(limits)
+        ):
+            return None
+        if len(limits) == 1:
+            one_s, one_d = src_state[0], dst_state[0]
+            if (
+                type(one_s) is np.ndarray
+                and type(one_d) is np.ndarray
+                and one_s.shape == _ONE
+                and one_d.shape == _ONE
+                and one_s.dtype == _I32
+                and one_d.dtype == _I32
+            ):
+                return src, dst, one_s, one_d
+        picks = self._singles(req)
+        if picks is None:
+            return None
+        c = len(limits)
+        return src, dst, np.array(picks[1 : c + 1], _I32), np.array(picks[c + 2 : 2 * c + 2], _I32)
 
     def _singles(self, req: RequestIndices) -> list[int] | None:
         """``[src per group..., dst per group..., 1]`` when aux and every component have exactly one

@@ -225,6 +225,9 @@ def test_common_shape_declines_what_it_does_not_cover(impl: str) -> None:
     for bad, side in (
         (replace(base, dst_aux=PEER.aux[0].num_items), "aux"),
         (replace(base, src_state=[np.array([-1], np.int32)]), "prefill"),
+        (replace(base, src_state=[np.array([LOCAL.components[0].num_items], np.int32)]), "prefill"),
+        (replace(base, dst_state=[np.array([PEER.components[0].regions[0].num_items], np.int32)]), "decode"),
+        (replace(base, dst_state=[np.array([-1], np.int32)]), "decode"),
         (replace(base, dst_kv=np.concatenate((dst[:-1], [128])).astype(np.int32)), "decode"),
     ):
         assert _common(pr, bad, impl) is None
