@@ -24,10 +24,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataplane.agent.launch import AgentProcess, loopback_pair  # noqa: E402
 from dataplane.commands.args import parse_size  # noqa: E402
-from dataplane.commands.bench import block_config  # noqa: E402
 from dataplane.compiled import CompileUnavailable, choose  # noqa: E402
+from dataplane.harness.agent_processes import AgentProcess, loopback_pair  # noqa: E402
+from dataplane.harness.bench.cases import block_config  # noqa: E402
 
 SETTLE = 2.0
 

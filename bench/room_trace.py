@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
 def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
     """The sidecar setup of ``sidecar-bench`` for one case, its processes started with the hooks."""
     from dataplane.commands.args import parse_size
-    from dataplane.commands.bench import block_config
-    from dataplane.commands.sidecar_bench import sidecar_run, with_warmup
     from dataplane.compiled import choose
+    from dataplane.harness.bench.cases import block_config
+    from dataplane.harness.bench.sidecar import sidecar_run, with_warmup
 
     choose("off")
     cfg = with_warmup(block_config(parse_size(args.size), args.requests), 5)

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from dataplane.agent.launch import free_port
+from dataplane.harness.agent_processes import free_port
 
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "10s"

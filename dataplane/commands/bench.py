@@ -1,5 +1,5 @@
 """``pdpair-agent bench transfer``: the agent's end-to-end state send vs the raw NIXL engine writing the
-same blocks vs a plain memcpy of the same bytes, side by side in one run (``dataplane.bench.transfer``
+same blocks vs a plain memcpy of the same bytes, side by side in one run (``dataplane.harness.bench.transfer``
 measures; this module parses, renders and records).
 
 Block-size cases use a KV-only model whose page is the block (each request = one page of K and one of
@@ -12,13 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from ..errors import BadInput
 from ..schema.profiles import profile_names
@@ -114,12 +110,13 @@ def register(subparsers: Any) -> None:
 
 
 def _add_attacks(sub: Any) -> None:
-    """``bench attacks``: a stranger's attacks on a real loopback pair (``dataplane.bench.attacks``)."""
+    """``bench attacks``: a stranger's attacks on a real loopback pair (``harness.bench.attacks``)."""
     a = sub.add_parser(
         "attacks",
         help="attack a real loopback pair as a stranger would; print attack, outcome, bound",
-        description="Starts a prefill/decode pair on 127.0.0.1 with a pairing key, runs every attack "
-        "of dataplane.bench.attacks against it and prints a Markdown table (exit 1 if a bound broke).",
+        description="Starts a prefill/decode pair on 127.0.0.1 with a pairing key, runs every attack of "
+        "dataplane/harness/bench/attacks.py against it and prints a Markdown table (exit 1 if a bound "
+        "broke).",
     )
     a.add_argument("--only", default=None, metavar="TEXT", help="only the attacks whose name contains TEXT")
     a.add_argument("--json", action="store_true", help="print the findings as JSON, figures included")
@@ -129,7 +126,7 @@ def _add_attacks(sub: Any) -> None:
 def _attacks(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..bench.attacks import run_attacks, table
+    from ..harness.bench.attacks import run_attacks, table
 
     findings = run_attacks(args.only)
     if args.json:
@@ -140,7 +137,7 @@ def _attacks(args: argparse.Namespace) -> int:
 
 
 def _add_codec(sub: Any) -> None:
-    """``bench codec``: our codec + planner vs sglang 0.5.23's own helpers (``dataplane.bench.codec``)."""
+    """``bench codec``: our codec + planner vs sglang 0.5.23's own helpers (``harness.bench.codec``)."""
     c = sub.add_parser(
         "codec",
         help="codec + planner vs sglang 0.5.23's own helpers, same inputs, one run",
@@ -168,7 +165,7 @@ def _add_codec(sub: Any) -> None:
 
 
 def _codec(args: argparse.Namespace) -> int:
-    from ..bench import codec, sglang_ref
+    from ..harness.bench import codec, sglang_ref
 
     cache = args.cache_dir or sglang_ref.DEFAULT_CACHE
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -200,82 +197,26 @@ def _ranges(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def _transfer(nixl: Any) -> Any:
-    from ..config import TransferConfig
-
-    return TransferConfig(timeout_seconds=60, heartbeat_interval_seconds=0.5, nixl=nixl)
-
-
-def block_config(block: int, requests: int, nixl: Any = None, inflight: int = 1) -> Any:
-    from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig
-
-    pages = max(2 * inflight, min(16, (64 << 20) // block))
-    return AgentConfig(
-        model=ModelConfig(
-            name=f"block-{block}", profile=None, kv_item_len=block, kv_layers=1, page_size=16,
-            pool_pages=pages, max_requests=max(8, 2 * inflight), prefault=True,
-        ),
-        transfer=_transfer(nixl or NixlConfig()),
-        synthetic=SyntheticConfig(
-            requests_per_second=0, requests=requests, tokens=(16,), max_inflight=inflight, verify=False
-        ),
-    )
-
-
-def mix_config(profile: str, requests: int, nixl: Any = None, inflight: int = 1) -> Any:
-    from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig
-
-    return AgentConfig(
-        model=ModelConfig(
-            profile=profile, pool_pages=128 * max(4, inflight), max_requests=max(16, 2 * inflight),
-            prefault=True,
-        ),
-        transfer=_transfer(nixl or NixlConfig()),
-        synthetic=SyntheticConfig(
-            requests_per_second=0, requests=requests, tokens=(1024, 4096, 300, 2048), max_inflight=inflight,
-            verify=False,
-        ),
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..bench.transfer import run_case
     from ..config import NixlConfig
+    from ..harness.agent_processes import compiled_agents
+    from ..harness.bench import cases, transfer
 
     require_cases(args)
     compiled = compiled_agents(args.compiled)
     if compiled is None:
         return 2
-    threads = args.nixl_threads
     nixl = NixlConfig(
-        ucx_tls=args.ucx_tls, num_threads=threads, post_thread=not args.no_post_thread,
+        ucx_tls=args.ucx_tls, num_threads=args.nixl_threads, post_thread=not args.no_post_thread,
         native_poster=not args.no_native_poster,
     )
-    cases = []
-    for block in args.sizes:
-        requests = max(20, min(args.max_requests, args.case_bytes // (2 * block)))
-        cases.append((_label(block), block_config(block, requests, nixl, args.inflight)))
-    if args.mix:
-        mix = mix_config(args.mix, min(args.max_requests, 200), nixl, args.inflight)
-        cases.append((f"mix:{args.mix}", mix))
-    results = []
-    for label, cfg in cases:
-        if args.no_lanes:
-            cfg = msgspec.structs.replace(cfg, listen=msgspec.structs.replace(cfg.listen, lanes=False))
-        if args.spin_us:
-            tr = msgspec.structs.replace(cfg.transfer, spin_microseconds=args.spin_us)
-            cfg = msgspec.structs.replace(cfg, transfer=tr)
-        if args.coalesce_bytes is not None:
-            tr = msgspec.structs.replace(cfg.transfer, coalesce_bytes=args.coalesce_bytes)
-            cfg = msgspec.structs.replace(cfg, transfer=tr)
-        print(f"bench: {label} ...", file=sys.stderr, flush=True)
-        results.append({**run_case(label, cfg, repeat=args.repeat, warmup=args.warmup), "compiled": compiled})
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        print(table(results))
+    chosen = cases.cases(args.sizes, args.mix, case_bytes=args.case_bytes, max_requests=args.max_requests,
+                         mix_requests=200, inflight=args.inflight, nixl=nixl)
+    results = transfer.run_cases(chosen, repeat=args.repeat, warmup=args.warmup, lanes=not args.no_lanes,
+                                 spin_us=args.spin_us, coalesce_bytes=args.coalesce_bytes, compiled=compiled)
+    print(json.dumps(results, indent=1) if args.json else transfer.table(results))
     if args.record:
-        record(Path(args.record), results, " ".join(["pdpair-agent", *sys.argv[1:]]))
+        transfer.record(Path(args.record), results, " ".join(["pdpair-agent", *sys.argv[1:]]))
     return 0
 
 
@@ -289,69 +230,4 @@ def add_compiled_option(parser: argparse.ArgumentParser) -> None:
         "--compiled", choices=("on", "auto", "off"), default="on",
         help="the agents' per-room modules compiled with mypyc, as the image runs them (dataplane/compiled; "
         "on: built first if needed, ~1 min once per source version; off: interpreted)",
-    )
-
-
-def compiled_agents(wanted: str, command: str = "bench") -> bool | None:
-    """Whether the agents this benchmark starts run compiled (``--compiled``); None: asked for and
-    unavailable (the reason printed, under ``command``'s name)."""
-    from ..compiled import CompileUnavailable, choose
-
-    if wanted == "on":
-        print(f"{command}: compiled agent modules (built once per source version) ...", file=sys.stderr)
-    try:
-        return choose(wanted)
-    except CompileUnavailable as exc:
-        print(f"{command}: --compiled {wanted}: {exc}", file=sys.stderr)
-        return None
-
-
-def _label(size: int) -> str:
-    return f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
-
-
-COLUMNS = (
-    ("case", "case", "<16", ""), ("requests", "requests", ">8", ""),
-    ("agent GB/s", "agent_gbps", ">10", ".3f"),
-    ("raw GB/s", "raw_engine_gbps", ">9", ".3f"), ("memcpy GB/s", "memcpy_gbps", ">11", ".3f"),
-    ("agent/raw", "ratio_agent_vs_raw", ">9", ".3f"),
-    ("raw threaded GB/s", "raw_engine_threaded_gbps", ">17", ".3f"),
-    ("agent/threaded", "ratio_agent_vs_raw_threaded", ">14", ".3f"),
-    ("agent p50 us", "agent_p50_us", ">12", ".1f"),
-    ("raw p50 us", "raw_p50_us", ">10", ".1f"), ("overhead us", "overhead_us", ">11", ".1f"),
-    ("amortised us", "amortised_overhead_us", ">12", ".1f"),
-    ("prefill worker CPU us", "prefill_worker_cpu_us", ">21", ".1f"),
-    ("decode worker CPU us", "decode_worker_cpu_us", ">20", ".1f"),
-)
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    head = " ".join(f"{title:{align}}" for title, _, align, _ in COLUMNS)
-    lines = [head, "-" * len(head)]
-    for r in results:
-        lines.append(
-            " ".join(
-                f"{r[key]:{align}{fmt}}" if r.get(key) is not None else f"{'-':{align}}"
-                for _, key, align, fmt in COLUMNS
-            )
-        )
-    return "\n".join(lines)
-
-
-def machine() -> str:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, "
-        f"Python {platform.python_version()}; load average at the end {load}; "
-        f"UCX_TLS={os.environ.get('UCX_TLS', '(UCX default)')}"
-    )
-
-
-def record(path: Path, results: list[dict[str, Any]], command: str) -> None:
-    """The run as one Markdown report (date, machine, command, table, JSON), replacing ``path``: a
-    record of this run, not a log of all of them (docs/benchmarks.md keeps the current figures)."""
-    path.write_text(
-        f"# bench transfer, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n- machine: {machine()}\n"
-        f"- command: `{command}`\n\n```\n{table(results)}\n```\n\n"
-        f"```json\n{json.dumps(results, indent=1)}\n```\n"
     )

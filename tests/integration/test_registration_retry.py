@@ -16,11 +16,11 @@ import pytest
 import zmq
 
 from dataplane.agent import AgentRuntime
-from dataplane.agent.launch import loopback_pair
 from dataplane.agent.peerauth import Pending
 from dataplane.codec.auth import new_nonce, pair_id, prove_registration
 from dataplane.codec.frames import int_frame
 from dataplane.config import AgentConfig, ListenConfig, ModelConfig, SyntheticConfig, TransferConfig
+from dataplane.harness.agent_processes import loopback_pair
 from tests.inprocess import verified_run
 
 pytestmark = pytest.mark.nixl

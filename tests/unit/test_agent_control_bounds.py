@@ -10,7 +10,7 @@ import zmq
 
 from dataplane.agent import control
 from dataplane.agent.control import LogThrottle, Pushers, message_budget
-from dataplane.agent.launch import free_port
+from dataplane.harness.agent_processes import free_port
 
 
 @pytest.fixture

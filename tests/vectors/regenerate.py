@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file differs")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from dataplane.bench import sglang_ref
+    from dataplane.harness.bench import sglang_ref
 
     try:
         ref = sglang_ref.load()

@@ -31,25 +31,30 @@ figure is the agent's throughput limit, whatever else the machine was doing;
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import math
 import multiprocessing as mp
 import os
+import platform
 import statistics
+import sys
 import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from .. import planner
-from ..agent.launch import run_pair
-from ..agent.pools import MemoryPools
-from ..agent.requests import transfer_requests
-from ..agent.synthetic import items_for_tokens
-from ..errors import PDPairError
-from ..schema.profiles import schema_from_config
-from ..transports.nixl import NixlTransport, load_sdk, ucx_environment
+from ... import planner
+from ...agent.pools import MemoryPools
+from ...agent.requests import transfer_requests
+from ...agent.synthetic import items_for_tokens
+from ...errors import PDPairError
+from ...schema.profiles import schema_from_config
+from ...transports.nixl import NixlTransport, load_sdk, ucx_environment
+from ..agent_processes import run_pair
 
 
 def as_role(cfg: Any, role: str) -> Any:
@@ -265,3 +270,70 @@ def memcpy_run(src_schema: Any, dst_schema: Any, plans: list[Any]) -> float:
 
 
 __all__ = ["agent_run", "memcpy_run", "raw_run", "run_case"]
+
+
+def run_cases(
+    cases: list[tuple[str, Any]], *, repeat: int, warmup: int, lanes: bool = True, spin_us: int = 0,
+    coalesce_bytes: int | None = None, compiled: bool = False,
+) -> list[dict[str, Any]]:
+    """``run_case`` per case, with the agents' lanes, spin and coalescing settings applied."""
+    results = []
+    for label, cfg in cases:
+        if not lanes:
+            cfg = msgspec.structs.replace(cfg, listen=msgspec.structs.replace(cfg.listen, lanes=False))
+        if spin_us:
+            tr = msgspec.structs.replace(cfg.transfer, spin_microseconds=spin_us)
+            cfg = msgspec.structs.replace(cfg, transfer=tr)
+        if coalesce_bytes is not None:
+            tr = msgspec.structs.replace(cfg.transfer, coalesce_bytes=coalesce_bytes)
+            cfg = msgspec.structs.replace(cfg, transfer=tr)
+        print(f"bench: {label} ...", file=sys.stderr, flush=True)
+        results.append({**run_case(label, cfg, repeat=repeat, warmup=warmup), "compiled": compiled})
+    return results
+
+
+COLUMNS = (
+    ("case", "case", "<16", ""), ("requests", "requests", ">8", ""),
+    ("agent GB/s", "agent_gbps", ">10", ".3f"),
+    ("raw GB/s", "raw_engine_gbps", ">9", ".3f"), ("memcpy GB/s", "memcpy_gbps", ">11", ".3f"),
+    ("agent/raw", "ratio_agent_vs_raw", ">9", ".3f"),
+    ("raw threaded GB/s", "raw_engine_threaded_gbps", ">17", ".3f"),
+    ("agent/threaded", "ratio_agent_vs_raw_threaded", ">14", ".3f"),
+    ("agent p50 us", "agent_p50_us", ">12", ".1f"),
+    ("raw p50 us", "raw_p50_us", ">10", ".1f"), ("overhead us", "overhead_us", ">11", ".1f"),
+    ("amortised us", "amortised_overhead_us", ">12", ".1f"),
+    ("prefill worker CPU us", "prefill_worker_cpu_us", ">21", ".1f"),
+    ("decode worker CPU us", "decode_worker_cpu_us", ">20", ".1f"),
+)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = " ".join(f"{title:{align}}" for title, _, align, _ in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            " ".join(
+                f"{r[key]:{align}{fmt}}" if r.get(key) is not None else f"{'-':{align}}"
+                for _, key, align, fmt in COLUMNS
+            )
+        )
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, "
+        f"Python {platform.python_version()}; load average at the end {load}; "
+        f"UCX_TLS={os.environ.get('UCX_TLS', '(UCX default)')}"
+    )
+
+
+def record(path: Path, results: list[dict[str, Any]], command: str) -> None:
+    """The run as one Markdown report (date, machine, command, table, JSON), replacing ``path``: a
+    record of this run, not a log of all of them (docs/benchmarks.md keeps the current figures)."""
+    path.write_text(
+        f"# bench transfer, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n- machine: {machine()}\n"
+        f"- command: `{command}`\n\n```\n{table(results)}\n```\n\n"
+        f"```json\n{json.dumps(results, indent=1)}\n```\n"
+    )
