@@ -38,7 +38,7 @@ from .metrics import CONTENT_TYPE
 from .podhealth import PodConditions, RankedFamilies
 from .runtime import AgentRuntime
 
-log = logging.getLogger("pdpair.agent.pod")
+log = logging.getLogger(__name__)
 
 
 class PodAgent:

@@ -68,7 +68,7 @@ from .messages import (
     unpack_indices,
 )
 
-log = logging.getLogger("pdpair.localapi")
+log = logging.getLogger(__name__)
 SEND_DEADLINE = 2.0
 PUMP_READS = 2
 """Reads one ``Session.pump`` makes at most (each up to ``frames.READ_CHUNK``): a flood of requests

@@ -99,7 +99,7 @@ def test_a_different_registration_fails_the_old_pairings_rooms_with_a_status(cap
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
-    caplog.set_level(logging.WARNING, logger="pdpair")
+    caplog.set_level(logging.WARNING)
     try:
         deadline = time.monotonic() + 30
         while not prefill.worker.peers and time.monotonic() < deadline:

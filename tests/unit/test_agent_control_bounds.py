@@ -48,7 +48,7 @@ def test_a_send_zmq_refuses_is_a_counted_drop_not_an_exception(ctx):
 def test_a_full_queue_is_counted_and_its_warnings_throttled(ctx, caplog):
     pushers = Pushers(ctx)
     address = f"tcp://127.0.0.1:{free_port()}"  # nobody listens: sends queue up to the high-water mark
-    with caplog.at_level(logging.WARNING, logger="pdpair.agent.control"):
+    with caplog.at_level(logging.WARNING, logger="dataplane.agent.control"):
         sent = sum(pushers.send(address, [b"x"]) for _ in range(control.HWM + 500))
     assert sent == control.HWM and pushers.drops["queue_full"] == 500
     assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == 1
