@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # PDPair images, five targets from one file (docs/images.md):
-#   operator     the kopf operator: no torch, no transfer engines
+#   operator     the kopf operator: no torch, no transport SDKs
 #   agent        the data-plane agent for host-memory pools, with NIXL (and MoRI-IO on Python 3.12)
 #   agent-cuda   the agent for CUDA pools: the same, plus torch (its wheels carry the CUDA runtime)
 #   agent-rocm   the agent for MoRI on ROCm GPUs (amd-mori, torch for ROCm), on a ROCm base

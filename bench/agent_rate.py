@@ -1,5 +1,5 @@
 """The direct agents' room rate with rooms in flight, and each role worker's CPU per room — the agents
-alone (no raw engine, no memcpy), in short windows, so two builds can alternate within minutes.
+alone (no raw NIXL, no memcpy), in short windows, so two builds can alternate within minutes.
 
     .venv/bin/python bench/agent_rate.py [--size 4K] [--inflight 8] [--windows 3] [--seconds 4]
                                          [--compiled on|auto|off] [--json]

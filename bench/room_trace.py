@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": summarise(traces),
     }
     head = f"{result['case']}: agent p50 {bench['agent_p50_us']:.0f} us"
-    return show(result, f"{head}, raw engine p50 {bench['raw_p50_us']:.0f} us", args.json)
+    return show(result, f"{head}, raw NIXL p50 {bench['raw_p50_us']:.0f} us", args.json)
 
 
 def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:

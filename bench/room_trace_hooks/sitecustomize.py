@@ -24,7 +24,7 @@ import time
 _OUT = os.environ.get("PDPAIR_ROOM_TRACE")
 
 if _OUT:
-    import dataplane.agent.control as _control
+    import dataplane.agent.control_sockets as _control
     import dataplane.agent.decode as _decode
     import dataplane.agent.lanes as _lanes
     import dataplane.agent.prefill as _prefill

@@ -1,9 +1,9 @@
-"""``pdpair-agent bench transfer``: the agent's end-to-end state send vs the raw NIXL engine writing the
+"""``pdpair-agent bench transfer``: the agent's end-to-end state send vs raw NIXL (no agent) writing the
 same blocks vs a plain memcpy of the same bytes, side by side in one run (``dataplane.harness.bench.transfer``
 measures; this module parses, renders and records).
 
 Block-size cases use a KV-only model whose page is the block (each request = one page of K and one of
-V); the mix case cycles a model profile's request lengths. Agent and raw engine get the same
+V); the mix case cycles a model profile's request lengths. Agent and raw NIXL get the same
 ``NixlConfig`` (``--ucx-tls``), and the UCX_* variables this process inherits reach both alike.
 """
 
@@ -70,20 +70,20 @@ def register(subparsers: Any) -> None:
                    help="untimed requests before each timed run, 0 to 10,000 (default: 5)")
     t.add_argument(
         "--inflight", type=integer(1, MAX_INFLIGHT), default=1,
-        help="rooms in flight per decode, and requests outstanding in the raw engine's loop, 1 to 64 "
+        help="rooms in flight per decode, and requests outstanding in raw NIXL's loop, 1 to 64 "
         "(default: 1)",
     )
     t.add_argument(
-        "--ucx-tls", default=None, help="UCX_TLS for the agent and the raw engine alike (default: UCX's own)"
+        "--ucx-tls", default=None, help="UCX_TLS for the agent and raw NIXL alike (default: UCX's own)"
     )
     t.add_argument(
         "--nixl-threads", type=integer(0, 64), default=0,
-        help="NIXL UCX worker threads for the agent and the raw engine alike, 0 to 64 (default: 0, the "
+        help="NIXL UCX worker threads for the agent and raw NIXL alike, 0 to 64 (default: 0, the "
         "caller's)",
     )
     t.add_argument(
         "--no-post-thread", action="store_true",
-        help="the agent posts host writes in line (NixlConfig.postThread off); the raw engine always does",
+        help="the agent posts host writes in line (NixlConfig.postThread off); raw NIXL always does",
     )
     t.add_argument(
         "--no-native-poster", action="store_true",

@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="pools in host memory (default) or CUDA memory (needs torch and a GPU)")
     p.add_argument("--backend", choices=("nixl", "cuda-ipc"), default="nixl",
-                   help="transfer engine: nixl (default) or cuda-ipc (needs --device cuda and Triton; "
+                   help="transport: nixl (default) or cuda-ipc (needs --device cuda and Triton; "
                         "docs/gpu.md)")
     p.add_argument("--timeout", type=number(1, 86_400), default=120.0,
                    help="give up after this many seconds (default: 120)")

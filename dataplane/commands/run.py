@@ -3,7 +3,7 @@ until SIGTERM.
 
 The operator renders ``pdpair-agent run --role <role> --config /etc/pdpair/config/agent.yaml --listen-host
 $(POD_IP) --pod-name $(POD_NAME) --namespace $(POD_NAMESPACE)``; flags override the file's fields.
-The agent serves ranks 0 .. tpSize-1 of its role (``<role>.tpSize``): with its own synthetic engine,
+The agent serves ranks 0 .. tpSize-1 of its role (``<role>.tpSize``): with its own synthetic source,
 one per rank; with an external engine (``localapi.engine.mode: external``), one local API
 connection per engine rank on the one socket. ``--tp-rank R`` serves rank R alone (a prefill rank
 above 0 then announces itself to rank 0's bootstrap endpoint). With a pod name and namespace,

@@ -2,7 +2,7 @@
 
 Per case (a block size, or a model profile's request mix) and in one run, side by side:
 
-- direct: the agent with its in-process synthetic engine, measured like ``bench transfer``'s agent
+- direct: the agent with its in-process synthetic source, measured like ``bench transfer``'s agent
   column (two ``pdpair-agent run`` processes, ``--inflight`` rooms in flight, verification off);
 - sidecar: per role an agent in sidecar mode plus a synthetic engine process speaking the local API
   (four processes), engine memory in shared memory, the same requests and rooms in flight, no

@@ -46,7 +46,6 @@ from typing import Protocol, cast
 
 from ..errors import BadInput, FrameTooLarge, LocalApiError, PDPairError
 from ..schema import RoleSchema
-from .frames import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
 from .link import AbortCmd, Command, ExpectCmd, SendCmd
 from .messages import (
     Abort,
@@ -67,6 +66,7 @@ from .messages import (
     encode_message,
     unpack_indices,
 )
+from .stream import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
 
 log = logging.getLogger(__name__)
 SEND_DEADLINE = 2.0

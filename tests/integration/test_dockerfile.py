@@ -117,7 +117,8 @@ def test_gpu_targets_install_their_engines_pinned() -> None:
     assert len(torch) == 1, f"one torch for every target: {torch}"
     assert f'--index-url "$TORCH_ROCM_INDEX" {torch.pop()}' in rocm, "agent-rocm: ROCm's wheel of it"
     assert "python -P -m dataplane.compiled --in-place" in _runs("agent-rocm")
-    ref = re.search(r'SGLANG_VERSION = "([\d.]+)"', (ROOT / "dataplane/bench/sglang_ref.py").read_text())
+    sglang_ref = (ROOT / "dataplane/harness/bench/sglang_ref.py").read_text()
+    ref = re.search(r'SGLANG_VERSION = "([\d.]+)"', sglang_ref)
     want = ["--upgrade pip==25.3", f"sglang=={ref.group(1) if ref else '?'}", ".[sglang]"]
     assert pip_installs(_runs("sglang")) == want
 

@@ -95,7 +95,7 @@ def test_the_transport_wakes_its_worker_from_another_thread():
     thread, once a queued write is posted) ends the worker's blocked wait with a ``WAKE`` frame; a
     hand-off while the worker is awake sends none, and the worker's next wait does not block."""
     from dataplane.agent import AgentRuntime
-    from dataplane.agent.control import WAKE
+    from dataplane.agent.control_sockets import WAKE
     from dataplane.config import AgentConfig, TransferConfig
     from dataplane.harness.agent_processes import loopback_pair
     from dataplane.transports import mori_double

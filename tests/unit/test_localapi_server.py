@@ -17,7 +17,6 @@ from dataplane.codec import encode_manifest, manifest_from_schema
 from dataplane.config import AgentConfig, ModelConfig
 from dataplane.errors import AgentUnavailable, DeadlineExceeded, LocalApiError
 from dataplane.localapi import AgentClient, SharedPools
-from dataplane.localapi.frames import FrameReader, send_frame
 from dataplane.localapi.link import AbortCmd, ExpectCmd, SendCmd
 from dataplane.localapi.messages import (
     Error,
@@ -28,6 +27,7 @@ from dataplane.localapi.messages import (
 )
 from dataplane.localapi.server import LocalApiServer
 from dataplane.localapi.sidecar import Sidecar
+from dataplane.localapi.stream import FrameReader, send_frame
 from dataplane.schema.profiles import schema_from_config
 
 CFG = AgentConfig(model=ModelConfig(profile="qwen3-next", pool_pages=16, max_requests=4))

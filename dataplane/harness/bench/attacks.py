@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from ...agent.control import STRANGER_SOCKETS
+from ...agent.control_sockets import STRANGER_SOCKETS
 from ...agent.http import get_json
 from ...agent.httpauth import HEADER, sign
 from ...codec import GUARD, Refused, Registration, TransferMetadata, encode_control, encode_metadata

@@ -1,4 +1,4 @@
-"""``bench transfer``: the agent's end-to-end state send vs the raw NIXL engine writing the same blocks
+"""``bench transfer``: the agent's end-to-end state send vs raw NIXL (no agent) writing the same blocks
 vs a plain memcpy of the same bytes, side by side in one run, on identical NIXL/UCX settings.
 
 Per case (a block size, or a model profile's request mix) and per repetition (agent and raw take turns
@@ -9,7 +9,7 @@ going first, so drift in the machine's load hits both alike):
   statistics (``synthetic.warmup``). Latency per request = the median room time on decode (metadata
   sent → Success received); throughput = bytes over decode's transfer window (first counted metadata
   sent → last Success);
-- raw engine: this process writes the identical ``WritePlan`` of every request, cut exactly as the
+- raw NIXL: this process writes the identical ``WritePlan`` of every request, cut exactly as the
   agent cuts it into engine requests (``transfer_requests``), through the bare
   ``NixlTransport.write`` + ``wait`` (posting in line: no ``postThread``, which is the agent's) to a
   second process that only registered the decode layout,
@@ -68,8 +68,8 @@ def with_requests(cfg: Any, requests: int, warmup: int = 0) -> Any:
 
 def with_nixl_threads(cfg: Any) -> Any:
     """``cfg`` with NIXL's own backend thread copying every request (``NixlConfig.numThreads`` 1):
-    the raw engine's fastest setting for rooms of large blocks on the hosts measured, reported
-    beside the raw engine on the agent's own setting. ``cfg`` itself when it already has threads."""
+    raw NIXL's fastest setting for rooms of large blocks on the hosts measured, reported
+    beside raw NIXL on the agent's own setting. ``cfg`` itself when it already has threads."""
     nixl = cfg.transfer.nixl
     if nixl.num_threads > 0:
         return cfg
@@ -84,8 +84,8 @@ def tokens_of(cfg: Any, n: int) -> list[int]:
 
 def plan_for(schema: Any, layout: Any, decode_schema: Any, tokens: int, slot: int = 0) -> Any:
     """The plan the agent makes for this request when it holds the ``slot``-th set of items: rooms in
-    flight hold distinct items, so the raw engine cycles through as many sets as the agent has rooms in
-    flight and touches as much memory (one set for all requests would keep the raw engine's pages hot
+    flight hold distinct items, so raw NIXL cycles through as many sets as the agent has rooms in
+    flight and touches as much memory (one set for all requests would keep raw NIXL's pages hot
     in cache and free of first-touch faults that the agent pays)."""
     c = items_for_tokens(decode_schema, tokens)
     kv = np.arange(c.kv, dtype=np.int32) + slot * c.kv
@@ -195,7 +195,7 @@ def _quiet_nixl() -> None:
 
 
 def _target(cfg: Any, conn: Any) -> None:
-    """The raw engine's passive side: register the decode layout, hand out its blobs, wait."""
+    """Raw NIXL's passive side: register the decode layout, hand out its blobs, wait."""
     _quiet_nixl()
     os.environ.update(ucx_environment(cfg.transfer.nixl))  # this process starts here
     pools = MemoryPools.allocate(schema_from_config(as_role(cfg, "decode")), prefault=True)
