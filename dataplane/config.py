@@ -50,8 +50,8 @@ class ModelConfig(_Base, frozen=True):
     """Slots for per-request state (mamba, aux)."""
     layers: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 4
     """Profile mode only: the synthetic source (or engine) lays out the model's first ``layers`` layers,
-    each at its real size (4 hold every profile's layer pattern, e.g. Qwen3-Next's 3 GDN + 1 full attention, in a
-    few hundred MB); 0: every layer of the model."""
+    each at its real size (4 hold every profile's layer pattern, e.g. Qwen3-Next's 3 GDN + 1 full
+    attention, in a few hundred MB); 0: every layer of the model."""
     prefault: bool = False
     """Touch every page of host pools at start-up, as a serving engine's long-lived cache is, so no
     room pays first-touch page faults (benchmarks set it); off, pages are mapped on first use."""
