@@ -6,7 +6,8 @@ counts, head dims and dtypes from the public model configs — with its layer pa
 ``full_every``-th layer is full attention, with KV; the others carry a hybrid state: Mamba/GDN slots or
 SWA pages) and the paged state components beside KV. A demo or a test keeps its memory and run time
 small by counts alone: the model's first ``layers`` layers, the pool's pages and the request slots; no
-dimension is ever shrunk. Adding a model is one ``Profile(...)`` entry in ``PROFILES``. """
+dimension is ever shrunk. Adding a model is one ``Profile(...)`` entry in ``PROFILES``.
+"""
 
 from __future__ import annotations
 
