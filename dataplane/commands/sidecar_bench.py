@@ -16,12 +16,11 @@ round trip per request on the critical path), and ``presend`` — the prefill en
 before decode asks (a router handing the request to both sides), the order a real prefill engine
 that finished its forward pass produces; the ``presend_*`` columns.
 
-The defaults make each run's window last about a second on a 16-core host: with 64 MiB and 200
-requests per case, a 4 KiB run lasted ~0.1 s and one run's ratio swung 0.6-1.0 between repetitions of
-the same code; with 1 GiB and 2,000 (sessions 3-18) a 1 MiB run at ~10 GB/s lasted ~0.1 s again.
+The defaults (8 GiB and at most 8,000 requests per case) make each run's window last about a second
+on a 16-core host; a window of ~0.1 s leaves one run's ratio swinging 0.6-1.0 between repetitions.
 
 With a fixed number of rooms in flight, a room's slot stays empty from its Success until the engine's
-next request reaches the agent: two process wake-ups on the sidecar's path that the in-process engine
+next request reaches the agent: two process wake-ups on the sidecar's path that the in-process source
 never pays (~130 µs a room on the benchmark hosts). A serving engine's scheduler loop polls without
 sleeping (sglang's default; ``--sleep-on-idle`` turns it off), which the synthetic engines do here:
 each of their waits polls for ``--engine-poll-us`` before it blocks (default 1000 µs, so with rooms in
