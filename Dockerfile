@@ -11,6 +11,7 @@
 # Every pip step mounts two optional build secrets, so pip inside reaches the index the builder's pip
 # uses: `pip.conf` (at /etc/pip.conf) and `pip-cert` (a CA bundle that pip.conf may name as
 # /run/secrets/pip-cert); hack/images.sh passes them. pip's cache is a cache mount, never a layer.
+# The build context (.dockerignore) leaves the benchmarks (dataplane/harness/bench) out of every target.
 # Every target runs as uid/gid 65532, the uid the operator's pod templates require (runAsNonRoot).
 
 ARG PYTHON_IMAGE=python:3.12.12-slim-trixie

@@ -17,7 +17,7 @@ from .errors import PDPairError
 COMMANDS: tuple[ModuleType, ...] = (run, demo, bench, wire, engine, sidecar_bench)
 HARNESS = "dataplane.harness"
 """The launchers, demo and benchmarks: only ``demo``, ``bench`` and ``sidecar-bench`` import it, when
-they run; the images leave it out."""
+they run; the images leave its benchmarks out."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith(HARNESS):
             raise
-        print(f"pdpair-agent: error: {args.command} needs the harness ({HARNESS}), which the images leave "
+        print(f"pdpair-agent: error: {args.command} needs {exc.name} (the harness), which the images leave "
               "out; run it from a source checkout of PDPair", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -2,8 +2,8 @@
 (``agent_processes``, ``sidecar_pair``), the demo (``loopback_demo``), the benchmarks (``bench``) and the
 one bounded poll (``waiting.wait_for``) that the tests share.
 
-Nothing the images run imports it: the runtime packages (agent, localapi, transports, codec, planner,
-schema, staging, compiled, config, errors, sglang, podstatus, synthetic_engine) never do (an
-import-linter contract in pyproject.toml), and the images leave it out (.dockerignore). Only the
-``pdpair-agent demo`` / ``bench`` / ``sidecar-bench`` handlers import it, when they run.
+The runtime packages (agent, localapi, transports, codec, planner, schema, staging, compiled, config,
+errors, sglang, podstatus, synthetic_engine) never import it (an import-linter contract in
+pyproject.toml); only the ``pdpair-agent demo`` / ``bench`` / ``sidecar-bench`` handlers do, when they
+run. The images leave the benchmarks (``bench``) out (.dockerignore) and keep the demo, their own check.
 """

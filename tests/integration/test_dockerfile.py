@@ -209,25 +209,31 @@ def test_every_example_names_the_target_its_transfer_needs() -> None:
         assert want in STAGES, want
 
 
-def test_images_leave_the_harness_out_and_its_commands_say_so(tmp_path: Path) -> None:
-    """The build context lacks dataplane/harness (.dockerignore); from such a copy of the package the
-    commands a pod runs still start, and ``demo`` / ``bench`` fail with one line naming what is absent."""
+
+def test_images_leave_the_benchmarks_out_and_their_commands_say_so(tmp_path: Path) -> None:
+    """The build context lacks dataplane/harness/bench (.dockerignore); from such a copy of the package
+    the commands a pod runs start, the demo (the images' own check) runs, and ``bench`` /
+    ``sidecar-bench`` fail with one line naming what is absent."""
     lines = (ROOT / ".dockerignore").read_text().splitlines()
-    assert lines.index("dataplane/harness/") > lines.index("!dataplane/")
+    assert lines.index("dataplane/harness/bench/") > lines.index("!dataplane/")
+    bench = ROOT / "dataplane" / "harness"
     shutil.copytree(ROOT / "dataplane", tmp_path / "dataplane",
-                    ignore=lambda d, names: ["harness"] if Path(d) == ROOT / "dataplane" else ["__pycache__"])
-    assert not (tmp_path / "dataplane" / "harness").exists()
+                    ignore=lambda d, names: ["bench"] if Path(d) == bench else ["__pycache__"])
+    assert not (tmp_path / "dataplane" / "harness" / "bench").exists()
+
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "PDPAIR_COMPILED": "off"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-P", "-m", "dataplane.cli", *args], cwd=tmp_path,
-                              env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-P", "-m", "dataplane.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=240)
 
     for command in ("run", "engine"):
         done = cli(command, "--help")
         assert done.returncode == 0, done.stderr
-    for command in (["demo", "--requests", "1"], ["bench", "attacks"], ["sidecar-bench"]):
+    done = cli("demo", "--requests", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    for command in (["bench", "attacks"], ["bench", "transfer"], ["sidecar-bench"]):
         done = cli(*command)
         assert done.returncode == 2, done.stderr
         one_line = done.stderr.strip().count("\n") == 0
-        assert one_line and "needs the harness (dataplane.harness)" in done.stderr, done.stderr
+        assert one_line and "needs dataplane.harness.bench (the harness)" in done.stderr, done.stderr
