@@ -144,15 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         "steps": summarise(traces),
     }
     head = f"{result['case']}: agent p50 {bench['agent_p50_us']:.0f} us"
-    return show(result, f"{head}, raw engine p50 {bench['raw_p50_us']:.0f} us", args.json)
+    return show(result, f"{head}, raw NIXL p50 {bench['raw_p50_us']:.0f} us", args.json)
 
 
 def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
     """The sidecar setup of ``sidecar-bench`` for one case, its processes started with the hooks."""
     from dataplane.commands.args import parse_size
-    from dataplane.commands.bench import block_config
-    from dataplane.commands.sidecar_bench import sidecar_run, with_warmup
     from dataplane.compiled import choose
+    from dataplane.harness.bench.cases import block_config
+    from dataplane.harness.bench.sidecar import sidecar_run, with_warmup
 
     choose("off")
     cfg = with_warmup(block_config(parse_size(args.size), args.requests), 5)

@@ -24,15 +24,15 @@ import time
 _OUT = os.environ.get("PDPAIR_ROOM_TRACE")
 
 if _OUT:
-    import dataplane.agent.control as _control
+    import dataplane.agent.control_sockets as _control
     import dataplane.agent.decode as _decode
     import dataplane.agent.lanes as _lanes
     import dataplane.agent.prefill as _prefill
     import dataplane.agent.roles as _roles
-    import dataplane.engine.synthetic_engine as _engine
     import dataplane.localapi.client as _client
     import dataplane.localapi.server as _server
     import dataplane.localapi.workers as _workers
+    import dataplane.synthetic_engine.process as _engine
     import dataplane.transports.nixl as _nixl
 
     _now = time.perf_counter

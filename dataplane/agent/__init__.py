@@ -1,7 +1,7 @@
-"""The in-pod agent: pools, synthetic engine, rooms, ZMQ control, bootstrap/health HTTP, metrics, and
+"""The in-pod agent: pools, the synthetic source, rooms, ZMQ control, bootstrap/health HTTP, metrics, and
 the two role workers, wired together by ``AgentRuntime``.
 
-Importing this package imports numpy and pyzmq but no transfer engine: ``make_transport`` loads the
+Importing this package imports numpy and pyzmq but no transport SDK: ``make_transport`` loads the
 configured engine's SDK when the runtime starts.
 """
 

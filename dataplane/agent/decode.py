@@ -52,7 +52,7 @@ from ..codec.auth import lane_token, new_nonce, offer_digest, pair_id, prove_reg
 from ..codec.control import Staged
 from ..errors import IncompatiblePeer, PDPairError
 from .bootstrap import Topology, fetch_topology
-from .control import tcp
+from .control_sockets import tcp
 from .liveness import Heartbeats
 from .peerauth import Pairing, Pending
 from .roles import RoleWorker, Sources, refusal_reason_label

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from .http import Handler, Reply, Request
 
-log = logging.getLogger("pdpair.agent.health")
+log = logging.getLogger(__name__)
 
 MAX_REFUSALS = 32
 REFUSAL_REPORT_EVERY = 5.0

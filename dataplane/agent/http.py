@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 from ..errors import WireFormatError
 from .httpauth import HEADER, Verifier, sign
 
-log = logging.getLogger("pdpair.agent.http")
+log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 MAX_CONCURRENT = 16

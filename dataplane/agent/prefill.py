@@ -65,7 +65,7 @@ from ..codec.control import Staged, StagedOffer
 from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, TransferFailed
 from ..planner import PeerLayout, RequestIndices, WritePlan, pairing_for, plan_request
 from ..transports import Peer, Transfer, TransferState, Writes
-from .control import tcp
+from .control_sockets import tcp
 from .forward import ForwardThread
 from .liveness import Heartbeats
 from .peerauth import Pairing

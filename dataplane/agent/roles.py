@@ -40,7 +40,7 @@ from ..config import AgentConfig
 from ..errors import BadInput, PDPairError
 from ..schema import AUX_COMPONENT, KV_COMPONENT, RoleSchema
 from ..transports import Transport
-from .control import WAKE, Inbox, LogThrottle, Pushers, message_budget
+from .control_sockets import WAKE, Inbox, LogThrottle, Pushers, message_budget
 from .health import AgentStatus
 from .lanes import Lanes
 from .metrics import AgentMetrics, reason_label

@@ -46,7 +46,7 @@ from .prefill import PrefillWorker
 from .roles import RoleWorker
 from .staging_memory import StagingMemory, staging_enabled
 
-log = logging.getLogger("pdpair.agent.runtime")
+log = logging.getLogger(__name__)
 
 
 def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = None) -> Transport:

@@ -43,7 +43,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 """The ``dataplane`` package these sources belong to."""
 
 MODULES = (
-    "dataplane/agent/control.py",
+    "dataplane/agent/control_sockets.py",
     "dataplane/agent/decode.py",
     "dataplane/agent/lanes.py",
     "dataplane/agent/metrics.py",
@@ -57,15 +57,15 @@ MODULES = (
     "dataplane/codec/ints.py",
     "dataplane/codec/metadata.py",
     "dataplane/codec/status.py",
-    "dataplane/engine/synthetic_engine.py",
     "dataplane/localapi/client.py",
-    "dataplane/localapi/frames.py",
     "dataplane/localapi/link.py",
     "dataplane/localapi/server.py",
+    "dataplane/localapi/stream.py",
     "dataplane/localapi/workers.py",
     "dataplane/planner/assemble.py",
     "dataplane/planner/request.py",
     "dataplane/planner/shape.py",
+    "dataplane/synthetic_engine/process.py",
     "dataplane/transports/base.py",
     "dataplane/transports/blocks.py",
     "dataplane/transports/nixl/adapter.py",

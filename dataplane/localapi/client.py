@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import AgentUnavailable, DeadlineExceeded, LocalApiError, PDPairError
-from .frames import DEFAULT_MAX_FRAME, Closed, FrameReader, send_frame
 from .messages import (
     LOCALAPI_VERSION,
     Abort,
@@ -53,6 +52,7 @@ from .messages import (
     encode_message,
     pack_indices,
 )
+from .stream import DEFAULT_MAX_FRAME, Closed, FrameReader, send_frame
 
 FAILED, SUCCESS = 0, 4
 KEEP_FINISHED = 65536

@@ -1,7 +1,7 @@
 """The local API's messages: what a serving engine and its sidecar agent say over their Unix socket.
 
 A tagged union of msgspec Structs (tag field ``type``), msgpack-encoded, one message per frame; see
-``frames`` for the framing. Evolution follows msgspec's rules: new fields get defaults, a new message
+``stream`` for the framing. Evolution follows msgspec's rules: new fields get defaults, a new message
 is a new tagged Struct appended to the unions; ``LOCALAPI_VERSION`` changes only when a message's
 meaning changes, and the agent refuses a ``Hello`` of another version with a clear ``Error``.
 
@@ -92,7 +92,7 @@ class PoolRegion(msgspec.Struct, frozen=True, kw_only=True):
 
 class RegisterPools(_Msg, frozen=True, tag="register_pools"):
     """Engine → agent: every region of the schema, in canonical order; the agent maps them, adopts
-    them as its pools and registers them with the transfer engine."""
+    them as its pools and registers them with the transport."""
 
     regions: tuple[PoolRegion, ...]
     seq: NonNeg = 0

@@ -46,7 +46,6 @@ from typing import Protocol, cast
 
 from ..errors import BadInput, FrameTooLarge, LocalApiError, PDPairError
 from ..schema import RoleSchema
-from .frames import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
 from .link import AbortCmd, Command, ExpectCmd, SendCmd
 from .messages import (
     Abort,
@@ -67,8 +66,9 @@ from .messages import (
     encode_message,
     unpack_indices,
 )
+from .stream import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
 
-log = logging.getLogger("pdpair.localapi")
+log = logging.getLogger(__name__)
 SEND_DEADLINE = 2.0
 PUMP_READS = 2
 """Reads one ``Session.pump`` makes at most (each up to ``frames.READ_CHUNK``): a flood of requests

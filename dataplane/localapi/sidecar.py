@@ -45,7 +45,7 @@ from .messages import LOCALAPI_VERSION, Hello, PoolRegion, RoomState
 from .server import Session
 from .workers import ExternalDecodeWorker, ExternalPrefillWorker
 
-log = logging.getLogger("pdpair.localapi.sidecar")
+log = logging.getLogger(__name__)
 DETACH_WAIT = 5.0
 UNMAP_WAIT = 5.0
 

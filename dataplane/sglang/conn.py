@@ -48,7 +48,7 @@ from .memory import share
 from .settings import Settings
 from .support import check_server_args, engine_topology
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 KEEP_ASKED = 65536
 """Rooms decode asked for whose request the prefill manager remembers (oldest forgotten first)."""
 
@@ -97,7 +97,7 @@ class PDPairKVManager(BaseKVManager):
                 self.client.connect()
             self.client.register_pools(self.regions, self.fds)
         except AgentUnavailable as exc:
-            logger.warning("pdpair: %s; the pools are registered once it is up", exc)
+            log.warning("pdpair: %s; the pools are registered once it is up", exc)
         except LocalApiError as exc:
             where = self.settings.socket_path
             raise Unsupported(f"pdpair: the agent at {where} refused this engine: {exc}") from None
@@ -172,7 +172,7 @@ class _Room:
             try:
                 self.kv_mgr.client.abort(self.bootstrap_room, "aborted by sglang")
             except PDPairError as exc:
-                logger.debug("pdpair: abort of room %d not delivered: %s", self.bootstrap_room, exc)
+                log.debug("pdpair: abort of room %d not delivered: %s", self.bootstrap_room, exc)
             self._conclude(KVPoll.Failed, "aborted by sglang")
 
     def clear(self) -> None:
@@ -294,7 +294,7 @@ class PDPairKVBootstrapServer(BaseKVBootstrapServer):
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
-        logger.info("pdpair: the pod's PDPair agent serves bootstrap; sglang's port %d stays unused", port)
+        log.info("pdpair: the pod's PDPair agent serves bootstrap; sglang's port %d stays unused", port)
 
     def close(self) -> None:
         """Nothing to stop."""

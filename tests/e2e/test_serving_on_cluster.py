@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_support import get, pdpair, pdpair_yaml, pods, wait_for
+from operator_support import get, pdpair, pdpair_yaml, pods
 from pdpair_operator import render, serving
 from pdpair_operator.observe import owner_from_body
 from pdpair_operator.spec import generation_hash
 
+from dataplane.harness.waiting import wait_for
 from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from dataplane.agent import AgentRuntime
-from dataplane.agent.launch import loopback_pair
 from dataplane.agent.prefill import DecodePeer, PrefillWorker
 from dataplane.codec import KVPoll, TransferMetadata
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
+from dataplane.harness.agent_processes import loopback_pair
 from tests.inprocess import verified_run
 
 REQUESTS = 64

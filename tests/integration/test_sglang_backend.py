@@ -22,7 +22,8 @@ pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.disaggregation.base.conn")
 
 from dataplane.config import AgentConfig, ModelConfig, TransferConfig
-from dataplane.localapi.launch import SidecarPair, wait_for
+from dataplane.harness.sidecar_pair import SidecarPair
+from dataplane.harness.waiting import wait_for
 from tests.integration.sglang_rank import (
     FAMILIES,
     Rank,
@@ -108,7 +109,7 @@ class Pods:
         sock = Path(self.pair.cfg[role].localapi.engine.socket_path)
         sock.unlink(missing_ok=True)
         self.pair.start_agent(role)
-        wait_for(lambda: sock.exists(), timeout=30, what=f"{role} agent socket")
+        wait_for(f"{role} agent socket", lambda: sock.exists(), timeout=30)
 
     def __exit__(self, *exc: object) -> None:
         for rank in self.ranks.values():
@@ -196,7 +197,7 @@ def test_an_agent_restarted_under_a_running_engine(plugin, tmp_path, role):
         assert result[lost.room][0] == FAILED, result
         pods.start_agent(role)
         client = pods.ranks[role].manager.client
-        wait_for(lambda: _reconnected(client), timeout=30, what=f"{role} engine re-registered")
+        wait_for(f"{role} engine re-registered", lambda: _reconnected(client), timeout=30)
         for agent in pods.pair.agents.values():
             agent.wait_ready(60)
         time.sleep(1.0)  # decode re-pairs with the new prefill instance (heartbeat)
@@ -246,7 +247,7 @@ def test_prefill_tp2_to_decode_tp1_every_slice_lands(plugin, tmp_path):
         for role in ("prefill", "decode"):
             pair.start_agent(role)
             sock = Path(pair.cfg[role].localapi.engine.socket_path)
-            wait_for(lambda s=sock: s.exists(), timeout=30, what=f"{role} socket")
+            wait_for(f"{role} socket", lambda s=sock: s.exists(), timeout=30)
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["prefill"].localapi.engine.socket_path
         prefills = [Rank("prefill", fam, tp_size=2, tp_rank=r) for r in (0, 1)]
         ranks += prefills
@@ -288,7 +289,7 @@ def test_a_dp_attention_decode_rank_above_its_attention_tp_size_receives(plugin,
         for role in ("prefill", "decode"):
             pair.start_agent(role)
             sock = Path(pair.cfg[role].localapi.engine.socket_path)
-            wait_for(lambda s=sock: s.exists(), timeout=30, what=f"{role} socket")
+            wait_for(f"{role} socket", lambda s=sock: s.exists(), timeout=30)
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["prefill"].localapi.engine.socket_path
         prefill = Rank("prefill", fam)
         ranks.append(prefill)

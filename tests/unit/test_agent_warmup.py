@@ -14,9 +14,9 @@ import msgspec
 
 from dataplane.agent import AgentRuntime
 from dataplane.agent.decode import DecodeWorker
-from dataplane.agent.launch import loopback_pair
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
-from dataplane.engine.synthetic_engine import SyntheticEngineProcess
+from dataplane.harness.agent_processes import loopback_pair
+from dataplane.synthetic_engine.process import SyntheticEngineProcess
 from dataplane.transports import mori_double
 
 WARMUP, INFLIGHT, REQUESTS = 3, 3, 9
