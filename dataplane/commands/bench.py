@@ -240,9 +240,6 @@ def run(args: argparse.Namespace) -> int:
     from ..harness.bench import cases, transfer
 
     require_cases(args)
-    compiled = compiled_agents(args.compiled)
-    if compiled is None:
-        return 2
     nixl = NixlConfig(
         ucx_tls=args.ucx_tls, num_threads=args.nixl_threads, post_thread=not args.no_post_thread,
         native_poster=not args.no_native_poster,
@@ -253,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
         room = cases.mix_config(profile, min(args.max_requests, 200), nixl, args.inflight, ptp, dtp)
         check_tp_room(f"{profile}:{ptp}-{dtp}", room)
         chosen.append((f"{profile} TP{ptp}->{dtp}", room))
+    compiled = compiled_agents(args.compiled)
+    if compiled is None:
+        return 2
     results = transfer.run_cases(chosen, repeat=args.repeat, warmup=args.warmup, lanes=not args.no_lanes,
                                  spin_us=args.spin_us, coalesce_bytes=args.coalesce_bytes, compiled=compiled)
     print(json.dumps(results, indent=1) if args.json else transfer.table(results))
