@@ -10,7 +10,7 @@ call onto ``Send`` / ``Expect`` / ``Poll`` / ``Abort``:
 | ``KVManager(kv_args, mode, server_args, is_mla)`` | ``Hello`` + ``RegisterPools`` (every buffer) |
 | prefill ``sender.poll()`` before ``send`` | WaitingForInput once the agent pushed decode's request |
 | prefill ``sender.init(num_pages, aux)``, ``send(pages, state)`` | one ``Send`` with the last chunk |
-| decode ``receiver.send_metadata(pages, aux, state, decode_prefix_len)`` | ``Expect`` (``prefix_len``, ``bootstrap_addr``) |
+| decode ``receiver.send_metadata(pages, aux, state, decode_prefix_len)`` | ``Expect`` (prefix, address) |
 | ``poll()`` after that | the room state the agent pushed (already a ``KVPoll``) |
 | ``failure_exception()`` | sglang's ``KVTransferError`` with the agent's reason |
 | ``abort()`` | ``Abort`` |

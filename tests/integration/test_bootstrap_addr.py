@@ -4,8 +4,9 @@ real NIXL; this test process plays the three engines over the local API, with sh
 
 Rooms alternately name each prefill: each is asked of that prefill only (its engine sees the request,
 the other's never does), and every byte lands verified per component. Rooms naming a closed port, an
-agent that holds another pairing key, or no address at all fail with their reason, at once, while the
-decode agent keeps serving the other rooms.
+agent that holds another pairing key, a bootstrap endpoint that proves no key, or a malformed address
+fail with their reason, at once, while the decode agent keeps serving both prefills; a room naming no
+address goes to the configured prefill.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from dataplane.schema.profiles import schema_from_config
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 SUCCESS, FAILED, WAITING = 4, 0, 2
 TOKENS = 700
+SLOTS = 8
+"""``model.maxRequests``: rooms at once."""
 
 
 class Engine:
@@ -64,23 +67,29 @@ class Engine:
 
 
 def items(schema, i: int) -> tuple[np.ndarray, int, list[np.ndarray | None]]:
+    """The items of slot ``i`` (one of ``SLOTS``, each used by one room at a time)."""
+    i %= SLOTS
     counts = items_for_tokens(schema, TOKENS)
     kv = np.arange(i * counts.kv, (i + 1) * counts.kv, dtype=np.int32)
     return kv, i, [np.array([i], np.int32) if n else None for n in counts.state]
 
 
-def other_key_bootstrap(tmp_path: Path) -> AgentHttpServer:
-    """A prefill bootstrap endpoint of another PDPair: an agent's own HTTP server, verifier and
-    registry, with a pairing key of its own."""
-    other = with_pairing_key(AgentConfig(), tmp_path / "other").auth.read_key()
-    assert other is not None
+def stranger_bootstrap(tmp_path: Path, keyed: bool) -> AgentHttpServer:
+    """A prefill bootstrap endpoint that is not this PDPair's: an agent's own HTTP server and registry
+    (naming a control port nothing listens on), ``keyed`` with a pairing key of its own, else with
+    none (it then answers every caller the full topology, proving no key)."""
     registry = BootstrapRegistry(RankInfo(0, "127.0.0.1", free_port(), "other", "prefill@other"), 1, "m", ())
-    return AgentHttpServer("127.0.0.1", 0, registry.routes(), "bootstrap", Verifier(other)).start()
+    verifier = None
+    if keyed:
+        other = with_pairing_key(AgentConfig(), tmp_path / "other").auth.read_key()
+        assert other is not None
+        verifier = Verifier(other)
+    return AgentHttpServer("127.0.0.1", 0, registry.routes(), "bootstrap", verifier).start()
 
 
 def test_each_room_comes_from_the_prefill_its_bootstrap_address_names(tmp_path):
     base = AgentConfig(
-        model=ModelConfig(profile="qwen3-next", pool_pages=128, max_requests=8),
+        model=ModelConfig(profile="qwen3-next", pool_pages=128, max_requests=SLOTS),
         transfer=TransferConfig(timeout_seconds=15, heartbeat_interval_seconds=0.5),
     )
     (tmp_path / "other").mkdir()
@@ -91,7 +100,7 @@ def test_each_room_comes_from_the_prefill_its_bootstrap_address_names(tmp_path):
     address = {tag: f"127.0.0.1:{cfgs[tag].listen.bootstrap_port}" for tag in ("prefill-a", "prefill-b")}
     agents = {tag: AgentProcess(c, tmp_path, tag) for tag, c in cfgs.items()}
     engines: dict[str, Engine] = {}
-    stranger = other_key_bootstrap(tmp_path)
+    strangers = [stranger_bootstrap(tmp_path, keyed) for keyed in (True, False)]
     try:
         for tag, cfg in cfgs.items():
             engines[tag] = Engine(cfg)
@@ -121,7 +130,8 @@ def test_each_room_comes_from_the_prefill_its_bootstrap_address_names(tmp_path):
 
         # Rooms naming what is no PDPair prefill fail at once with the reason; the others go on.
         closed = f"127.0.0.1:{free_port()}"
-        bad = {200: closed, 201: f"127.0.0.1:{stranger.port}", 202: "no such host!:80"}
+        bad = {200: closed, 201: f"127.0.0.1:{strangers[0].port}", 202: "no such host!:80",
+               203: f"127.0.0.1:{strangers[1].port}"}
         start = time.monotonic()
         for j, (room, addr) in enumerate(bad.items()):
             decode.client.expect(room, *items(decode.schema, 10 + j), bootstrap_addr=addr)
@@ -132,6 +142,7 @@ def test_each_room_comes_from_the_prefill_its_bootstrap_address_names(tmp_path):
         assert got[201][0] == FAILED and "answered 401" in got[201][1], got[201]
         assert "does not verify: sign with the PDPair's pairing key" in got[201][1], got[201]
         assert got[202][0] == FAILED and "bootstrap address 'no such host!:80'" in got[202][1], got[202]
+        assert got[203][0] == FAILED and "does not prove the PDPair's pairing key" in got[203][1], got[203]
 
         # The decode agent still serves both prefills, and a room naming none goes to its own (a).
         for k, tag in enumerate(("prefill-b", "prefill-a", "")):
@@ -142,13 +153,14 @@ def test_each_room_comes_from_the_prefill_its_bootstrap_address_names(tmp_path):
             kv, aux, state = items(prefill.schema, i)
             prefill.content.fill(room, kv, aux, state)
             prefill.client.send(room, kv, aux, state)
-            assert decode.client.wait(room, 20) == (SUCCESS, ""), f"room {room} from {tag or 'the configured'}"
+            assert decode.client.wait(room, 20) == (SUCCESS, ""), f"room {room} from {tag or 'its own'}"
             assert all(c.ok for c in decode.content.verify(room, *items(decode.schema, i)))
         pods = agents["decode"].status()["prefill_pods"]
         assert set(pods) == set(address.values()), pods
         assert all(p["ready"] for p in pods.values()), pods
     finally:
-        stranger.stop()
+        for stranger in strangers:
+            stranger.stop()
         for engine in engines.values():
             engine.close()
         for agent in agents.values():
