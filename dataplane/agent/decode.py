@@ -162,7 +162,8 @@ class DecodeWorker(RoleWorker):
 
     def on_topologies(self, now: float) -> None:
         """Apply the watch thread's reads; a pod that could not be read before it ever paired fails
-        (``PrefillPod.failed``: its waiting rooms fail with the reason) and is forgotten."""
+        (``PrefillPod.failed``: its waiting rooms fail with the reason) and is forgotten. Drop the
+        peers no pod names any more."""
         for pod, topo, error in self.prefills.results():
             if topo is not None:
                 self.on_topology(pod, topo, now)
@@ -170,15 +171,20 @@ class DecodeWorker(RoleWorker):
                 pod.failed = f"prefill {pod.address} cannot be paired: {error}"
                 log.warning("%s", pod.failed)
                 self.prefills.forget(pod)
+        for peer, reason in self.prefills.take_released():
+            self.drop_peer(peer, reason)
 
     def on_topology(self, pod: PrefillPod, topo: Topology, now: float) -> None:
         if not topo.complete:
             return
         required, pod.info_num = plan_ranks(topo.tp_size, self.schema.tp_size, self.schema.tp_rank)
         for peer, reason in self.prefills.place(pod, topo, required):
-            self.lose(peer, reason)
-            self.pushers.forget(peer.address)
-            self.auth.remove(peer.address)
+            self.drop_peer(peer, reason)
+
+    def drop_peer(self, peer: PrefillPeer, reason: str) -> None:
+        self.lose(peer, reason)
+        self.pushers.forget(peer.address)
+        self.auth.remove(peer.address)
 
     def is_peer(self, address: str) -> bool:
         """``address`` is one of the prefill ranks this decode pairs with (from the topologies)."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from ..config import MAX_RANKS
 from ..errors import BadInput, PDPairError, WireFormatError
 from .bootstrap import Topology, fetch_topology
+from .control import tcp
 from .peerauth import Pairing
 
 MAX_ADDRESS = 262
@@ -135,6 +136,8 @@ class PrefillTable:
         self.peers: dict[str, PrefillPeer] = {}
         """Every prefill rank of every pod, by control address."""
         self.limit, self.key, self.idle = limit, key, idle
+        self.released: list[tuple[PrefillPeer, str]] = []
+        """Peers no pod names any more since a pod was forgotten (``take_released``)."""
         self._fetch = fetch or (lambda h, p, t, k: fetch_topology(h, p, timeout=t, key=k))
         self._lock = threading.Lock()
 
@@ -163,9 +166,25 @@ class PrefillTable:
         return True
 
     def forget(self, pod: PrefillPod) -> None:
+        """Drop ``pod``; the peers only it named go to ``released``."""
         with self._lock:
             self.pods.pop(pod.address, None)
         pod.ranks.clear()
+        self.released += self._unnamed()
+
+    def take_released(self) -> list[tuple[PrefillPeer, str]]:
+        out, self.released = self.released, []
+        return out
+
+    def _unnamed(self) -> list[tuple[PrefillPeer, str]]:
+        """Take out the peers no pod names, each with the reason."""
+        named = {id(p) for q in self.pods.values() for p in q.ranks.values()}
+        out = []
+        for address, peer in list(self.peers.items()):
+            if id(peer) not in named:
+                del self.peers[address]
+                out.append((peer, f"prefill {peer.label} no longer named by a bootstrap address"))
+        return out
 
     def results(self) -> list[tuple[PrefillPod, Topology | None, str]]:
         """The reads the watch thread made since the last call that change something: a topology
@@ -186,7 +205,7 @@ class PrefillTable:
         pod.applied, pod.required, pod.ranks = topo, ranks, {}
         for r in ranks:
             info = topo.rank(r)
-            address = f"tcp://{info.host}:{info.control_port}"
+            address = tcp(info.host, info.control_port)
             peer = self.peers.get(address)
             if peer is not None and peer.instance != info.instance:
                 why = f"prefill rank {r} at {address} replaced (instance {peer.instance} → {info.instance})"
@@ -198,12 +217,7 @@ class PrefillTable:
                 peer = PrefillPeer(r, label, address, info.agent, info.instance, info.host)
                 self.peers[address] = peer
             pod.ranks[r] = peer
-        named = {id(p) for q in self.pods.values() for p in q.ranks.values()}
-        for address, peer in list(self.peers.items()):
-            if id(peer) not in named:
-                del self.peers[address]
-                drop.append((peer, f"prefill {peer.label} no longer named by a bootstrap address"))
-        return drop
+        return drop + self._unnamed()
 
     def label(self, rank: int, host: str, control_port: int) -> str:
         """``prefill-<rank>@<host>``, with the control port when another peer has that label."""

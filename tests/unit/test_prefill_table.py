@@ -133,3 +133,14 @@ def test_expect_carries_a_checked_bootstrap_address():
         to_command(Expect(room=7, bootstrap_addr="10.0.0.1"), schema)
     with pytest.raises(Exception, match="length"):
         decode_engine_message(encode_message(Expect(room=7, bootstrap_addr="a" * 263)))
+
+
+def test_a_forgotten_pods_peers_are_released_once():
+    table = PrefillTable("127.0.0.1", 8998, limit=2, key=None, idle=1.0)
+    a = table.pod("10.0.0.1:8998", 0.0)
+    table.place(table.configured, topo("x", 5000), [0])
+    table.place(a, topo("y", 6000), [0])
+    assert len(table.peers) == 2
+    table.pod("10.0.0.2:8998", 5.0)  # a is idle: forgotten, its peer released
+    assert [peer.instance for peer, _ in table.take_released()] == ["y-0"]
+    assert table.take_released() == [] and len(table.peers) == 1
