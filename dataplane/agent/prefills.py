@@ -11,7 +11,8 @@ Service and its pod IP) is registered with once; a peer no pod names any more is
 dropped.
 
 Topologies are read by the decode worker's watch thread (``refresh``: signed with the pairing key,
-as the configured prefill's always was) and applied on the worker thread (``results``). A pod an
+the answer proving it too) one pod after another, each read bounded by a heartbeat interval, and
+applied on the worker thread (``results``). A pod an
 engine named that cannot be read — nothing listens, it answers 401 because it holds another pairing
 key, its answer is no full topology — comes back as failed with the reason, and is forgotten, so the
 rooms waiting for it fail with that reason and a later room tries it afresh. Pairing stays what it
@@ -169,7 +170,7 @@ class PrefillTable:
         """Drop ``pod``; the peers only it named go to ``released``."""
         with self._lock:
             self.pods.pop(pod.address, None)
-        pod.ranks.clear()
+        pod.ranks = {}
         self.released += self._unnamed()
 
     def take_released(self) -> list[tuple[PrefillPeer, str]]:
@@ -202,7 +203,7 @@ class PrefillTable:
         returns the peers to drop, each with the reason: replaced behind their control address
         (another instance), or named by no pod any more."""
         drop: list[tuple[PrefillPeer, str]] = []
-        pod.applied, pod.required, pod.ranks = topo, ranks, {}
+        placed: dict[int, PrefillPeer] = {}
         for r in ranks:
             info = topo.rank(r)
             address = tcp(info.host, info.control_port)
@@ -216,7 +217,8 @@ class PrefillTable:
                 label = self.label(r, info.host, info.control_port)
                 peer = PrefillPeer(r, label, address, info.agent, info.instance, info.host)
                 self.peers[address] = peer
-            pod.ranks[r] = peer
+            placed[r] = peer
+        pod.applied, pod.required, pod.ranks = topo, ranks, placed  # whole: ``/status`` reads it
         return drop + self._unnamed()
 
     def label(self, rank: int, host: str, control_port: int) -> str:
