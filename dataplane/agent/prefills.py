@@ -21,6 +21,7 @@ is: the registration's proof and the sealed ``Hello`` (``peerauth``).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import threading
@@ -132,6 +133,8 @@ class PrefillTable:
         """``idle``: seconds after its last room a named pod may be forgotten (a transfer timeout:
         every room it had has finished or expired by then)."""
         configured = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        with contextlib.suppress(BadInput):  # as an engine names it: naming it finds this pod
+            configured = bootstrap_address(configured)
         self.configured = PrefillPod(configured, configured=True)
         self.pods: dict[str, PrefillPod] = {configured: self.configured}
         self.peers: dict[str, PrefillPeer] = {}

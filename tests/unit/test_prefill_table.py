@@ -144,3 +144,9 @@ def test_a_forgotten_pods_peers_are_released_once():
     table.pod("10.0.0.2:8998", 5.0)  # a is idle: forgotten, its peer released
     assert [peer.instance for peer, _ in table.take_released()] == ["y-0"]
     assert table.take_released() == [] and len(table.peers) == 1
+
+
+def test_the_configured_address_is_found_as_an_engine_names_it():
+    table = PrefillTable("Demo-Bootstrap.NS.svc", 8998, limit=2, key=None, idle=1.0)
+    assert table.pod("demo-bootstrap.ns.svc:8998", 0.0) is table.configured
+    assert PrefillTable("::1", 8998, 2, None, 1.0).configured.address == "[::1]:8998"
