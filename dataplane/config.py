@@ -184,6 +184,11 @@ class PeerConfig(_Base, frozen=True):
     bootstrap_host: str = "127.0.0.1"
     """Decode only: the prefill bootstrap address (the bootstrap Service in a cluster)."""
     bootstrap_port: int = 8998
+    max_prefills: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
+    """Decode only: the most prefill pods it pairs with at once — the configured one and those its
+    engine names by bootstrap address (``Expect.bootstrap_addr``: sglang's router picks a prefill per
+    request). A room naming one more fails with the reason, unless a named pod has been idle for a
+    transfer timeout (it is then forgotten)."""
 
 
 class IdentityConfig(_Base, frozen=True):

@@ -1,6 +1,10 @@
 """The decode role worker: finds prefill through its bootstrap endpoint, registers, originates rooms
 (like sglang's decode allocating destination pages), and verifies what arrives.
 
+Prefill pods (``prefills``): the configured bootstrap address, and in sidecar mode every address the
+engine names for a room (sglang's router picks a prefill per request); each pod's ranks are paired as
+below, once per prefill rank however many addresses name it.
+
 Peer lifecycle per prefill rank: ``registering`` (registration sent, resent until answered) →
 ``paired`` (``Hello``, manifest checked here too) or ``refused`` (``Refused``: the prefill's exact
 reason lands in our logs, metrics and ``/status``). A paired rank that misses ``heartbeat_misses``
@@ -51,10 +55,11 @@ from ..codec import (
 from ..codec.auth import lane_token, new_nonce, offer_digest, pair_id, prove_registration
 from ..codec.control import Staged
 from ..errors import IncompatiblePeer, PDPairError
-from .bootstrap import Topology, fetch_topology
+from .bootstrap import Topology
 from .control_sockets import tcp
 from .liveness import Heartbeats
-from .peerauth import Pairing, Pending
+from .peerauth import Pending
+from .prefills import PrefillPeer, PrefillPod, PrefillTable, plan_ranks
 from .roles import RoleWorker, Sources, refusal_reason_label
 from .staged_roles import DecodeStaging
 from .synthetic import items_for_tokens
@@ -70,28 +75,12 @@ PROOF_REFRESH = 60.0
 
 
 @dataclass(eq=False)
-class PrefillPeer:
-    rank: int
-    label: str
-    address: str
-    agent: str
-    instance: str
-    host: str
-    state: str = "registering"
-    last_seen: float = 0.0
-    last_register: float = 0.0
-    auth: Pairing | None = None
-    """The authenticated pairing (None: none yet, or a plain peer)."""
-    attempt: list[bytes] | None = None
-    """The registration attempt's frames, proof included (resent as they are until answered)."""
-    attempt_time: float = 0.0
-
-
-@dataclass(eq=False)
 class DecodeRoom:
     dst: Sources
     ranks: set[int]
     sent: float = field(default_factory=time.perf_counter)
+    prefill: dict[int, PrefillPeer] = field(default_factory=dict)
+    """The prefill peer of each rank the room asked (its pod's, when it started)."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -99,15 +88,13 @@ class DecodeWorker(RoleWorker):
     role = "decode"
 
     def setup(self) -> None:
-        self.peers: dict[int, PrefillPeer] = {}
-        self.pushers.keep = self.is_peer  # the prefill ranks' sockets are never evicted
         self.http_key = self.cfg.auth.read_key()
         """Signs the bootstrap queries (the full ``/topology`` is for key holders)."""
-        self.required: list[int] = []
-        self._topology: Topology | None = None
-        self._topology_error = ""
-        self._topology_lock = threading.Lock()
-        self._seen_topology: Topology | None = None
+        peer = self.cfg.peer
+        self.prefills = PrefillTable(
+            peer.bootstrap_host, peer.bootstrap_port, peer.max_prefills, self.http_key, self.timeout
+        )
+        self.pushers.keep = self.is_peer  # the prefill ranks' sockets are never evicted
         base = self.cfg.synthetic.room_base
         self._room_base = random.getrandbits(40) << 20 if base is None else base
         self.made = self.completed = self.succeeded = self.verify_failures = 0
@@ -156,53 +143,52 @@ class DecodeWorker(RoleWorker):
         threading.Thread(target=self._watch, args=(stop,), name="pdpair-bootstrap-watch", daemon=True).start()
 
     def _watch(self, stop: threading.Event) -> None:
-        """Read the bootstrap topology once a heartbeat interval — ``WATCH_SOON`` as often while it
-        cannot be read (prefill between two instances): a replacement is found soon after it is up."""
+        """Read each prefill pod's topology once a heartbeat interval — ``WATCH_SOON`` as often while
+        it cannot be read (prefill between two instances): a replacement is found soon after it is up,
+        and a pod the engine just named is read within ``WATCH_SOON`` of an interval."""
         interval = self.cfg.transfer.heartbeat_interval_seconds
         while not stop.is_set():
-            wait = interval
-            try:
-                topo = fetch_topology(
-                    self.cfg.peer.bootstrap_host, self.cfg.peer.bootstrap_port, timeout=interval,
-                    key=self.http_key,
-                )
-                with self._topology_lock:
-                    self._topology, self._topology_error = topo, ""
-            except (OSError, PDPairError) as exc:
-                with self._topology_lock:
-                    self._topology_error = f"{type(exc).__name__}: {exc}"
-                wait = interval * WATCH_SOON
-            stop.wait(wait)
+            self.prefills.refresh(time.monotonic(), interval, interval * WATCH_SOON)
+            stop.wait(interval * WATCH_SOON)
 
-    def on_topology(self, topo: Topology, now: float) -> None:
+    @property
+    def peers(self) -> dict[int, PrefillPeer]:
+        """The configured prefill's ranks this decode rank needs, by rank."""
+        return self.prefills.configured.ranks
+
+    @property
+    def required(self) -> list[int]:
+        return self.prefills.configured.required
+
+    def on_topologies(self, now: float) -> None:
+        """Apply the watch thread's reads; a pod that could not be read before it ever paired fails
+        (``PrefillPod.failed``: its waiting rooms fail with the reason) and is forgotten. Drop the
+        peers no pod names any more."""
+        for pod, topo, error in self.prefills.results():
+            if topo is not None:
+                self.on_topology(pod, topo, now)
+            elif not pod.configured and pod.applied is None:
+                pod.failed = f"prefill {pod.address} cannot be paired: {error}"
+                log.warning("%s", pod.failed)
+                self.prefills.forget(pod)
+        for peer, reason in self.prefills.take_released():
+            self.drop_peer(peer, reason)
+
+    def on_topology(self, pod: PrefillPod, topo: Topology, now: float) -> None:
         if not topo.complete:
             return
-        ptp, dtp, d = topo.tp_size, self.schema.tp_size, self.schema.tp_rank
-        self.required = (
-            [d // (dtp // ptp)] if dtp >= ptp else list(range(d * (ptp // dtp), (d + 1) * (ptp // dtp)))
-        )
-        self._info_num = dtp // ptp if dtp > ptp else 1
-        for r in self.required:
-            info = topo.rank(r)
-            known = self.peers.get(r)
-            if known is not None and known.instance == info.instance:
-                continue
-            if known is not None:
-                self.lose(known, f"prefill rank {r} replaced (instance {known.instance} → {info.instance})")
-                self.pushers.forget(known.address)
-                self.auth.remove(known.address)
-            self.peers[r] = PrefillPeer(
-                r,
-                f"prefill-{r}@{info.host}",
-                tcp(info.host, info.control_port),
-                info.agent,
-                info.instance,
-                info.host,
-            )
+        required, pod.info_num = plan_ranks(topo.tp_size, self.schema.tp_size, self.schema.tp_rank)
+        for peer, reason in self.prefills.place(pod, topo, required):
+            self.drop_peer(peer, reason)
+
+    def drop_peer(self, peer: PrefillPeer, reason: str) -> None:
+        self.lose(peer, reason)
+        self.pushers.forget(peer.address)
+        self.auth.remove(peer.address)
 
     def is_peer(self, address: str) -> bool:
-        """``address`` is one of the prefill ranks this decode pairs with (from the topology)."""
-        return any(p.address == address for p in self.peers.values())
+        """``address`` is one of the prefill ranks this decode pairs with (from the topologies)."""
+        return address in self.prefills.peers
 
     def lose(self, peer: PrefillPeer, reason: str) -> None:
         """The peer is gone: fail its rooms now, mark it down."""
@@ -215,7 +201,18 @@ class DecodeWorker(RoleWorker):
 
     # ---- control messages ---------------------------------------------------------------------
     def _peer_of(self, agent: str) -> PrefillPeer | None:
-        return next((p for p in self.peers.values() if p.agent == agent), None)
+        return next((p for p in self.prefills.peers.values() if p.agent == agent), None)
+
+    def _status_peer(self, room: Any, rank: int) -> PrefillPeer | None:
+        """Who a status of ``room`` from prefill ``rank`` must come from: the room's peer of that rank;
+        for a room not (or no longer) here, the peer whose pairing sealed it (a plain peer: the
+        configured pod's rank)."""
+        if room is not None:
+            return room.data.prefill.get(rank)
+        sender = self.sender
+        if sender is not None:
+            return self.prefills.peers.get(sender.address)
+        return self.peers.get(rank)
 
     def on_control(self, frames: list[bytes]) -> None:
         msg = decode_control(frames[0])
@@ -271,14 +268,14 @@ class DecodeWorker(RoleWorker):
 
     def on_sglang(self, frames: list[bytes]) -> None:
         st = decode_status(frames)
-        peer = self.peers.get(st.prefill_rank)
+        room = self.rooms.get(st.room)
+        peer = self._status_peer(room, st.prefill_rank)
         what = f"status of room {st.room} from prefill rank {st.prefill_rank}"
         if not self.auth.admit(self.sender, peer.auth if peer else None, peer is not None, what):
             return
         assert peer is not None
         if peer.state == "paired":
             peer.last_seen = time.monotonic()
-        room = self.rooms.get(st.room)
         if room is None:
             return
         if st.status == KVPoll.Failed:
@@ -293,14 +290,10 @@ class DecodeWorker(RoleWorker):
 
     # ---- periodic work ------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        with self._topology_lock:
-            topo = self._topology
-        if topo is not None and topo is not self._seen_topology:
-            self._seen_topology = topo
-            self.on_topology(topo, now)
+        self.on_topologies(now)
         beat = self.beats.due(now)
         stalled, self._last_tick = (now - self._last_tick if self._last_tick else 0.0), now
-        for peer in self.peers.values():
+        for peer in list(self.prefills.peers.values()):
             if peer.state == "paired" and stalled > self.beats.limit:
                 # This worker sent no beat for longer than prefill waits for one (the process was frozen):
                 # prefill has dropped the pairing and ignores it, whatever beats it left queued here say.
@@ -341,7 +334,7 @@ class DecodeWorker(RoleWorker):
     def offer_landing(self, peer: PrefillPeer) -> bytes | None:
         """Just before the registration, on the same socket: the landing buffer for ``peer``'s rank
         (the frame sent, which the registration's proof names)."""
-        if self.staged is not None and peer.rank in self.required:
+        if self.staged is not None and self.peers.get(peer.rank) is peer:  # the configured pod's only
             frame = self.staged.offer(self.required.index(peer.rank), peer.address)
             if frame is not None:
                 self.pushers.send(peer.address, [frame], unsealed=True)
@@ -352,7 +345,7 @@ class DecodeWorker(RoleWorker):
         """A staged piece landed: scatter it (its ack follows from ``poll_transfers``); a notice this
         side refuses fails its room, and decode's Abort tells prefill."""
         assert self.staged is not None
-        j = self.required.index(peer.rank) if peer.rank in self.required else -1
+        j = self.required.index(peer.rank) if self.peers.get(peer.rank) is peer else -1
         refused = self.staged.on_message(j, msg, self.rooms.__contains__, peer.address)
         if refused is not None:
             self.finish(self.rooms.fail(refused[0], refused[1]), KVPoll.Failed)
@@ -362,9 +355,7 @@ class DecodeWorker(RoleWorker):
         return self.staged.step() if self.staged is not None else 0
 
     def ready_to_send(self) -> bool:
-        return bool(self.required) and all(
-            r in self.peers and self.peers[r].state == "paired" for r in self.required
-        )
+        return self.prefills.configured.ready()
 
     def generate(self, now: float) -> None:
         with self.pushers.corked():  # the rooms made in one turn leave in one write per lane
@@ -400,10 +391,10 @@ class DecodeWorker(RoleWorker):
             return False
         room_id = self._room_base + self.made
         self.made += 1
-        first = self.peers[self.required[0]]
-        room = self.rooms.add(
-            room_id, room_id, first.label, self.timeout, DecodeRoom(dst, set(self.required))
-        )
+        pod = self.prefills.configured
+        first = pod.ranks[pod.required[0]]
+        record = DecodeRoom(dst, set(pod.required), prefill=dict(pod.ranks))
+        room = self.rooms.add(room_id, room_id, first.label, self.timeout, record)
         kv, aux, state = dst
         md = TransferMetadata(
             room=room_id,
@@ -413,12 +404,12 @@ class DecodeWorker(RoleWorker):
             dst_kv_indices=kv,
             dst_aux_index=-1 if aux is None else aux,
             dst_state_indices=tuple(np.empty(0, np.int32) if s is None else s for s in state),
-            required_dst_info_num=self._info_num,
+            required_dst_info_num=pod.info_num,
         )
         frames = encode_metadata(md)
         room.data.sent = time.perf_counter()
-        for r in self.required:
-            self.pushers.send(self.peers[r].address, list(frames))
+        for r in pod.required:
+            self.pushers.send(pod.ranks[r].address, list(frames))
         self.rooms.advance(room_id, KVPoll.WaitingForInput)
         return True
 
@@ -436,8 +427,8 @@ class DecodeWorker(RoleWorker):
             if notify:
                 abort = [encode_control(Abort(room=room.room, reason=room.reason[:512]))]
                 for r in dr.ranks:
-                    if r in self.peers:
-                        self.pushers.send(self.peers[r].address, list(abort))
+                    if r in dr.prefill:
+                        self.pushers.send(dr.prefill[r].address, list(abort))
             self._quarantine.append((time.monotonic() + self.timeout, dr.dst))
             self.count_outcome(room)
             return
@@ -486,8 +477,7 @@ class DecodeWorker(RoleWorker):
 
     def snapshot(self) -> dict[str, Any]:
         out = super().snapshot()
-        with self._topology_lock:
-            error = self._topology_error
+        error = self.prefills.configured.error
         out["requests"] = {
             "made": self.made,
             "completed": self.completed,
@@ -500,6 +490,7 @@ class DecodeWorker(RoleWorker):
             for r, p in self.peers.items()
         }
         out["bootstrap_error"] = error
+        out["prefill_pods"] = self.prefills.snapshot()
         if self.staged is not None:
             out["staged"] = self.staged.snapshot()
         return out

@@ -50,6 +50,9 @@ class ExpectCmd:
     aux: int | None
     state: tuple[np.ndarray | None, ...]
     prefix_len: int = 0
+    bootstrap: str = ""
+    """The prefill's bootstrap address, normalised (``agent.prefills.bootstrap_address``); "": the
+    configured one."""
 
 
 @dataclass(frozen=True)

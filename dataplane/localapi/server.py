@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
+from ..agent.prefills import bootstrap_address
 from ..errors import BadInput, FrameTooLarge, LocalApiError, PDPairError
 from ..schema import RoleSchema
 from .link import AbortCmd, Command, ExpectCmd, SendCmd
@@ -142,7 +143,8 @@ def to_command(msg: Send | Expect, schema: RoleSchema) -> SendCmd | ExpectCmd:
         raise BadInput(f"aux: item index {aux} outside the pool's 0..{schema.aux.num_items - 1}")
     if isinstance(msg, Send):
         return SendCmd(msg.room, kv, aux, tuple(state))
-    return ExpectCmd(msg.room, kv, aux, tuple(state), msg.prefix_len)
+    bootstrap = bootstrap_address(msg.bootstrap_addr) if msg.bootstrap_addr else ""
+    return ExpectCmd(msg.room, kv, aux, tuple(state), msg.prefix_len, bootstrap)
 
 
 def _framed(msg: AgentMessage) -> bytes:

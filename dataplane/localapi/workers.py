@@ -7,7 +7,10 @@ They extend the agent's own workers and change only where items come from and wh
   first: it waits for the metadata until the deadline. When both are in, the write is planned from the
   engine's source items (minus decode's cached prefix) exactly as the agent plans its own.
 - decode: the engine's ``Expect`` replaces the synthetic request generator; its destination items go
-  into the transfer metadata (with ``prefix_len``), and completion is reported instead of verified.
+  into the transfer metadata (with ``prefix_len``) sent to the prefill pod its ``bootstrap_addr`` names
+  (``agent.prefills``; none: the configured one), and completion is reported instead of verified. A
+  room whose pod is not paired yet waits for it until the deadline, and fails at once with the reason
+  when the pod cannot be read.
 
 The items belong to the engine: nothing here allocates or frees them (``release`` is a no-op), and the
 engine must not reuse the destination items of a failed room for one transfer timeout (a frozen
@@ -26,6 +29,7 @@ import numpy as np
 
 from ..agent.decode import DecodeRoom, DecodeWorker
 from ..agent.prefill import DecodePeer, PrefillWorker
+from ..agent.prefills import PrefillPod
 from ..agent.roles import RoleWorker
 from ..codec import KVPoll, TransferMetadata, encode_metadata
 from ..errors import PDPairError
@@ -265,23 +269,36 @@ class ExternalDecodeWorker(DecodeWorker):
 
     def setup(self) -> None:
         super().setup()
-        self.waiting: deque[tuple[ExpectCmd, float]] = deque()
+        self.waiting: deque[tuple[ExpectCmd, PrefillPod, float]] = deque()
 
     def generate(self, now: float) -> None:
-        """Rooms come from the engine: start those waiting for the prefill ranks to pair."""
+        """Rooms come from the engine: start those whose prefill pod paired, in order per pod; fail
+        those whose pod cannot be paired or did not pair by the deadline."""
         self.side.drain(now)
-        while self.waiting and self.ready_to_send():
-            self.start_expect(self.waiting.popleft()[0])
-        while self.waiting and self.waiting[0][1] <= now:
-            cmd, _ = self.waiting.popleft()
-            self.link.report(cmd.room, KVPoll.Failed, "prefill not paired before the deadline")
+        if not self.waiting:
+            return
+        held: set[int] = set()
+        keep: deque[tuple[ExpectCmd, PrefillPod, float]] = deque()
+        for cmd, pod, deadline in self.waiting:
+            if pod.failed:
+                self.link.report(cmd.room, KVPoll.Failed, pod.failed)
+            elif id(pod) not in held and pod.ready():
+                self.start_expect(cmd, pod)
+            elif deadline <= now:
+                why = f"prefill {pod.address} not paired before the deadline"
+                self.link.report(cmd.room, KVPoll.Failed, why)
+            else:
+                held.add(id(pod))
+                keep.append((cmd, pod, deadline))
+        self.waiting = keep
 
     def on_command(self, cmd: Command, now: float) -> None:
         if isinstance(cmd, ExpectCmd):
-            if self.ready_to_send() and not self.waiting:
-                self.start_expect(cmd)
+            pod = self.prefills.pod(cmd.bootstrap, now)
+            if pod.ready() and not any(w[1] is pod for w in self.waiting):
+                self.start_expect(cmd, pod)
             else:
-                self.waiting.append((cmd, now + self.timeout))
+                self.waiting.append((cmd, pod, now + self.timeout))
                 self.link.report(cmd.room, KVPoll.Bootstrapping)
         elif isinstance(cmd, AbortCmd):
             reason = f"aborted by engine: {cmd.reason}"
@@ -295,11 +312,11 @@ class ExternalDecodeWorker(DecodeWorker):
             self.waiting.clear()
             self.side.detach(cmd)
 
-    def start_expect(self, cmd: ExpectCmd) -> None:
+    def start_expect(self, cmd: ExpectCmd, pod: PrefillPod) -> None:
         state = list(cmd.state) + [None] * (len(self.schema.components) - len(cmd.state))
         dst = (cmd.kv, cmd.aux, state)
-        first = self.peers[self.required[0]]
-        record = DecodeRoom(dst, set(self.required))
+        first = pod.ranks[pod.required[0]]
+        record = DecodeRoom(dst, set(pod.required), prefill=dict(pod.ranks))
         room = self.rooms.add(cmd.room, cmd.room, first.label, self.timeout, record)
         md = TransferMetadata(
             room=cmd.room,
@@ -309,13 +326,13 @@ class ExternalDecodeWorker(DecodeWorker):
             dst_kv_indices=cmd.kv,
             dst_aux_index=-1 if cmd.aux is None else cmd.aux,
             dst_state_indices=tuple(np.empty(0, np.int32) if s is None else s for s in state),
-            required_dst_info_num=self._info_num,
+            required_dst_info_num=pod.info_num,
             decode_prefix_len=cmd.prefix_len or None,
         )
         frames = encode_metadata(md)
         room.data.sent = time.perf_counter()
-        for r in self.required:
-            self.pushers.send(self.peers[r].address, list(frames))
+        for r in pod.required:
+            self.pushers.send(pod.ranks[r].address, list(frames))
         self.rooms.advance(cmd.room, KVPoll.WaitingForInput)
         self.link.report(cmd.room, KVPoll.WaitingForInput)
 

@@ -10,14 +10,16 @@ call onto ``Send`` / ``Expect`` / ``Poll`` / ``Abort``:
 | ``KVManager(kv_args, mode, server_args, is_mla)`` | ``Hello`` + ``RegisterPools`` (every buffer) |
 | prefill ``sender.poll()`` before ``send`` | WaitingForInput once the agent pushed decode's request |
 | prefill ``sender.init(num_pages, aux)``, ``send(pages, state)`` | one ``Send`` with the last chunk |
-| decode ``receiver.send_metadata(pages, aux, state, decode_prefix_len)`` | ``Expect`` (``prefix_len``) |
+| decode ``receiver.send_metadata(pages, aux, state, decode_prefix_len)`` | ``Expect`` (prefix, address) |
 | ``poll()`` after that | the room state the agent pushed (already a ``KVPoll``) |
 | ``failure_exception()`` | sglang's ``KVTransferError`` with the agent's reason |
 | ``abort()`` | ``Abort`` |
 
-The bootstrap room is the local API's room. The prefill agent serves the bootstrap endpoint and decode's
-agent finds it through its own configuration, so ``bootstrap_addr`` is not used to route and the
-bootstrap server class starts nothing. Decode's cached prefix: prefill sends every page of the prompt
+The bootstrap room is the local API's room. The prefill agent serves the bootstrap endpoint on the port
+sglang is given as its bootstrap port (the bootstrap server class starts nothing), so decode's
+``bootstrap_addr`` — the prefill the router picked for the request — names that agent's ``/topology``
+as it is, and ``Expect`` carries it: decode's agent pairs with that prefill and sends the room there.
+Decode's cached prefix: prefill sends every page of the prompt
 (``pop_decode_prefix_len`` stays 0) and the agent skips the KV pages decode holds; a paged state
 component computed from decode's prefix (SWA window, DSA suffix) is trimmed to the tail decode asked for.
 """
@@ -270,7 +272,7 @@ class PDPairKVReceiver(_Room, BaseKVReceiver):
         self.expected = True
         self._call("expect", self.kv_mgr.client.expect, self.bootstrap_room,
                    np.asarray(kv_indices, dtype=np.int32).ravel(), aux_index, state,
-                   prefix_len=int(decode_prefix_len or 0))
+                   prefix_len=int(decode_prefix_len or 0), bootstrap_addr=self.bootstrap_addr)
 
     def poll(self) -> int:
         if self.conclude_state is not None:

@@ -86,6 +86,12 @@ def agents_config(timeout: float = 10.0) -> AgentConfig:
     )
 
 
+def bootstrap_addr(pair: SidecarPair) -> str:
+    """The prefill agent's bootstrap ``host:port``: what sglang's router hands decode for a request."""
+    listen = pair.cfg["prefill"].listen
+    return f"{listen.host}:{listen.bootstrap_port}"
+
+
 class Pods:
     """A prefill and a decode pod: per role an agent process and an sglang rank in this process."""
 
@@ -100,7 +106,7 @@ class Pods:
         for role in ("prefill", "decode"):
             # the operator sets the socket on each engine container; sglang builds the manager after it
             os.environ["PDPAIR_AGENT_SOCKET"] = self.pair.cfg[role].localapi.engine.socket_path
-            self.ranks[role] = Rank(role, self.family)
+            self.ranks[role] = Rank(role, self.family, bootstrap_addr=bootstrap_addr(self.pair))
         for agent in self.pair.agents.values():
             agent.wait_ready(60)
         return self
@@ -252,7 +258,7 @@ def test_prefill_tp2_to_decode_tp1_every_slice_lands(plugin, tmp_path):
         prefills = [Rank("prefill", fam, tp_size=2, tp_rank=r) for r in (0, 1)]
         ranks += prefills
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["decode"].localapi.engine.socket_path
-        decode = Rank("decode", fam)
+        decode = Rank("decode", fam, bootstrap_addr=bootstrap_addr(pair))
         ranks.append(decode)
         for agent in pair.agents.values():
             agent.wait_ready(60)
@@ -294,7 +300,8 @@ def test_a_dp_attention_decode_rank_above_its_attention_tp_size_receives(plugin,
         prefill = Rank("prefill", fam)
         ranks.append(prefill)
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["decode"].localapi.engine.socket_path
-        decodes = [Rank("decode", fam, tp_size=2, dp_size=2, tp_rank=r) for r in (0, 1)]
+        decodes = [Rank("decode", fam, tp_size=2, dp_size=2, tp_rank=r, bootstrap_addr=bootstrap_addr(pair))
+                   for r in (0, 1)]
         ranks += decodes
         for agent in pair.agents.values():
             agent.wait_ready(60)
