@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sidecar:
             return sidecar(args, env, Path(out))
         cmd = [
-            sys.executable, "-m", "dataplane.cli", "bench", "transfer", "--sizes", args.size, "--mix=",
+            sys.executable, "-m", "dataplane.cli", "bench", "transfer", "--sizes", args.size, "--mix=", "--tp-rooms=",
             "--inflight", "1", "--repeat", "1", "--max-requests", str(args.requests), "--compiled", "off",
             "--case-bytes", str(1 << 40), "--spin-us", str(args.spin_us), "--json",
         ]
@@ -175,14 +175,17 @@ def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
 
 
 def load(out: Path, processes: tuple[str, ...]) -> list[Marks] | None:
-    """Each process's marks (the file its hooks wrote at exit), or None when one is missing."""
+    """Each process's marks (the file its hooks wrote at exit; of several runs, the one with the most
+    rooms: the timed run, not the short verification run that ends each case), or None when one is
+    missing."""
     traces = []
     for name in processes:
         found = sorted(out.glob(f"{name}-*.json"))
         if not found:
             print(f"room_trace: no trace from the {name} (its hooks did not load)", file=sys.stderr)
             return None
-        traces.append(json.loads(found[-1].read_text())["marks"])
+        runs = [json.loads(f.read_text())["marks"] for f in found]
+        traces.append(max(runs, key=len))
     return traces
 
 
