@@ -147,6 +147,8 @@ class Room(Generic[R]):
     state: KVPoll = KVPoll.Bootstrapping
     reason: str = ""
     finished: float = 0.0
+    quiet: bool = False
+    """It failed without telling its peer (``Fail.notify`` unset)."""
 
     @property
     def done(self) -> bool:
@@ -217,6 +219,7 @@ class RoomTable(Generic[R]):
         entry.state = state
         if state == KVPoll.Failed:
             entry.reason = reason or "failed"
+            entry.quiet = actions is PREFILL_FAILED_QUIETLY or actions is DECODE_FAILED_QUIETLY
         if state == KVPoll.Success or state == KVPoll.Failed:
             self._finish(entry, now)
         return entry, actions
@@ -252,11 +255,13 @@ class RoomTable(Generic[R]):
                 out.append((room, actions))
         return out
 
-    def fail_peer(self, peer: str, reason: str, now: float) -> list[tuple[Room[R], Actions]]:
-        """Fail every live room of ``peer`` (dead, replaced or refused)."""
+    def fail_peer(
+        self, peer: str, reason: str, now: float, notify: bool = True
+    ) -> list[tuple[Room[R], Actions]]:
+        """Fail every live room of ``peer`` (dead, replaced or refused); ``notify``: tell it."""
         out = []
         for r in [r for r in self._rooms.values() if r.peer == peer]:
-            room, actions = self.handle(r.key, Fail(reason), now)
+            room, actions = self.handle(r.key, Fail(reason, notify), now)
             if room is not None:
                 out.append((room, actions))
         return out

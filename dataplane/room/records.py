@@ -13,6 +13,8 @@ from ..planner import WritePlan
 
 P = TypeVar("P")
 """The peer a prefill room writes to (the agent's paired decode)."""
+M = TypeVar("M")
+"""The room's request as decode sent it (its transfer metadata)."""
 T = TypeVar("T")
 """A transfer handle (the transport's)."""
 
@@ -55,10 +57,12 @@ class StagedPart:
 
 
 @dataclass(eq=False)
-class PrefillRecord(Generic[P, T]):
-    """Prefill's room: the decode it writes to, its source items once known, its requests in flight."""
+class PrefillRecord(Generic[P, M, T]):
+    """Prefill's room: the decode it writes to and its request, its source items once known, its
+    requests in flight."""
 
     decode: P
+    metadata: M
     items: Items | None = None
     pending: list[InFlight[T]] = field(default_factory=list)
     staged: StagedPart | None = None

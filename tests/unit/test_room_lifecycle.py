@@ -28,7 +28,7 @@ def prefill_room(t: RoomTable, key=("d", 1), timeout: float = 10.0):
         key,
         key[1],
         "decode-0",
-        PrefillRecord(decode="peer"),
+        PrefillRecord("peer", None),
         now=0.0,
         timeout=timeout,
         state=KVPoll.WaitingForInput,
@@ -154,7 +154,7 @@ def test_fail_peer_fails_only_that_peers_rooms():
         ("b", 2),
         2,
         "decode-1",
-        PrefillRecord(decode="peer"),
+        PrefillRecord("peer", None),
         now=0.0,
         timeout=10,
         state=KVPoll.WaitingForInput,
@@ -172,7 +172,7 @@ def test_capacity_duplicates_and_terminal_opens_are_refused():
         decode_room(t, 2)
     with pytest.raises(IllegalEvent, match="cannot open Success"):
         RoomTable("prefill").open(
-            1, 1, "p", PrefillRecord(decode=None), now=0, timeout=1, state=KVPoll.Success
+            1, 1, "p", PrefillRecord(None, None), now=0, timeout=1, state=KVPoll.Success
         )
     with pytest.raises(BadInput, match="expected prefill or decode"):
         RoomTable("router")
