@@ -14,10 +14,12 @@ PDPair key for the prefill instance the topology names; only a ``Hello`` or ``Re
 the pairing key derived from it counts, and from then on only messages sealed by that pairing (a
 spoofed ``Refused``, status or heartbeat changes nothing: it is counted and dropped).
 
-Rooms: allocate destination items → metadata to each prefill rank this rank needs (TP fan-in/out) →
-Success from all of them → verify every byte per component → free. Failed rooms send ``Abort`` and
-quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a later
-room.
+Rooms: the source (``agent.sources``: the synthetic engine's rate; ``localapi.sources``: the serving
+engine's ``Expect``) gives destination items → ``open_room``: metadata to each prefill rank this rank
+needs (TP fan-in/out) → each status is an event of the room's state machine (``room.lifecycle``) →
+Success from all of them → verify (or account) every component → free. Failed rooms send ``Abort``
+and quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a
+later room. The worker performs the machine's actions (``perform``).
 """
 
 from __future__ import annotations

@@ -12,11 +12,15 @@ unless ``auth.allowPlainPeers``, and never displaces an authenticated pairing) �
 and the same reason in logs, metrics and ``/status``) → ``transport.connect`` → ``PeerLayout`` +
 prepared pairing → ``Hello`` back as the acceptance, sealed with the pairing's key (``peerauth``).
 A message that fails authentication, or names a decode that is not registered, gets no answer.
-Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
-``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
-component (``requests.transfer_requests``: one engine request for a small room; the small rooms that
-start in one turn of the loop share one, ``begin_coalescing``) → status Success / Failed to decode. A large
-write's copy goes to the transport's posting thread when other rooms wait (``busy``). With the staged
+Per room (``TransferMetadata``): the room opens in the state machine (``room.lifecycle``) → its
+source gives the source items (``agent.sources``: the synthetic engine fills them, on the forward
+thread when verifying; ``localapi.sources``: the serving engine's ``Send``) → ``Begin`` →
+``plan_request`` → one write per component (``requests.transfer_requests``: one engine request for a
+small room; the small rooms that start in one turn of the loop share one, ``begin_coalescing``) →
+``WritesDone`` or ``Fail`` → the machine's actions: status Success / Failed to decode, items freed,
+the source told. The worker performs the actions (``perform``); no room state lives outside the
+table's records. A large write's copy goes to the transport's posting thread when other rooms wait
+(``busy``). With the staged
 path on (``agent/staged.py``), a decode that offered a landing buffer gets its small-write components
 gathered, written per slot and scattered, and Success waits for decode's last acknowledgement.
 """
