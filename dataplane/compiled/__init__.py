@@ -67,8 +67,6 @@ MODULES = (
     "dataplane/planner/assemble.py",
     "dataplane/planner/request.py",
     "dataplane/planner/shape.py",
-    "dataplane/room/lifecycle.py",
-    "dataplane/room/records.py",
     "dataplane/transports/base.py",
     "dataplane/transports/blocks.py",
     "dataplane/transports/nixl/adapter.py",
@@ -80,7 +78,8 @@ the benchmarks. Classes that interpreted code subclasses (the other transports' 
 ``@mypyc_attr(allow_interpreted_subclasses=True)``. Not here: modules defining msgspec Structs (mypyc
 drops their class keywords, e.g. ``tag``; the sglang messages' Structs live in ``codec/messages.py`` so
 that their codecs compile; the local API's in ``localapi/messages.py``), ``planner/plan.py``
-(``WritePlan.trusted`` makes instances without ``__init__``). mypyc 2.4.1 evaluates a slice bound twice
+(``WritePlan.trusted`` makes instances without ``__init__``), ``room/`` (its records and rooms are
+generic dataclasses, which mypyc's native classes cannot be). mypyc 2.4.1 evaluates a slice bound twice
 on a memoryview or ``Any``, so slice bounds in these modules call nothing but ``len``
 (``tests/unit/test_compiled.py`` checks)."""
 
