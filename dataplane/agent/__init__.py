@@ -9,7 +9,6 @@ from .bootstrap import BootstrapRegistry, RankInfo, Topology, fetch_topology
 from .health import AgentStatus
 from .metrics import AgentMetrics
 from .pools import IndexAllocator, MemoryPools
-from .rooms import Room, RoomTable
 from .runtime import AgentRuntime, make_transport
 from .synthetic import ComponentCheck, ItemCounts, SyntheticEngine, items_for_tokens
 
@@ -23,8 +22,6 @@ __all__ = [
     "ItemCounts",
     "MemoryPools",
     "RankInfo",
-    "Room",
-    "RoomTable",
     "SyntheticEngine",
     "Topology",
     "fetch_topology",

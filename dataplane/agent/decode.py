@@ -18,10 +18,12 @@ PDPair key for the prefill instance the topology names; only a ``Hello`` or ``Re
 the pairing key derived from it counts, and from then on only messages sealed by that pairing (a
 spoofed ``Refused``, status or heartbeat changes nothing: it is counted and dropped).
 
-Rooms: allocate destination items → metadata to each prefill rank this rank needs (TP fan-in/out) →
-Success from all of them → verify every byte per component → free. Failed rooms send ``Abort`` and
-quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a later
-room.
+Rooms: the source (``agent.sources``: the synthetic engine's rate; ``localapi.sources``: the serving
+engine's ``Expect``) gives destination items → ``open_room``: metadata to each prefill rank this rank
+needs (TP fan-in/out) → each status is an event of the room's state machine (``room.lifecycle``) →
+Success from all of them → verify (or account) every component → free. Failed rooms send ``Abort``
+and quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a
+later room. The worker performs the machine's actions (``perform``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,6 @@ from ..codec import (
     Abort,
     Heartbeat,
     Hello,
-    KVPoll,
     Refused,
     Registration,
     TransferMetadata,
@@ -55,14 +55,15 @@ from ..codec import (
 from ..codec.auth import lane_token, new_nonce, offer_digest, pair_id, prove_registration
 from ..codec.control import Staged
 from ..errors import IncompatiblePeer, PDPairError
+from ..room import SENT, Act, Actions, DecodeRecord, Items, Room, Status
 from .bootstrap import Topology
 from .control_sockets import tcp
 from .liveness import Heartbeats
 from .peerauth import Pending
 from .prefills import PrefillPeer, PrefillPod, PrefillTable, plan_ranks
-from .roles import RoleWorker, Sources, refusal_reason_label
+from .roles import IDLE_WAIT, RoleWorker, refusal_reason_label
+from .sources import DecodeSource, SyntheticDecodeSource
 from .staged_roles import DecodeStaging
-from .synthetic import items_for_tokens
 
 log = logging.getLogger("pdpair.agent.decode")
 
@@ -74,13 +75,7 @@ PROOF_REFRESH = 60.0
 (prefill accepts a proof for ``codec.auth.PROOF_WINDOW_NS``)."""
 
 
-@dataclass(eq=False)
-class DecodeRoom:
-    dst: Sources
-    ranks: set[int]
-    sent: float = field(default_factory=time.perf_counter)
-    prefill: dict[int, PrefillPeer] = field(default_factory=dict)
-    """The prefill peer of each rank the room asked (its pod's, when it started)."""
+DecodeRoom = Room[DecodeRecord[PrefillPeer]]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -96,11 +91,10 @@ class DecodeWorker(RoleWorker):
         )
         self.pushers.keep = self.is_peer  # the prefill ranks' sockets are never evicted
         base = self.cfg.synthetic.room_base
-        self._room_base = random.getrandbits(40) << 20 if base is None else base
+        self.room_base = random.getrandbits(40) << 20 if base is None else base
         self.made = self.completed = self.succeeded = self.verify_failures = 0
-        self._next_request = 0.0
         self._last_tick = 0.0
-        self._quarantine: list[tuple[float, Sources]] = []
+        self._quarantine: list[tuple[float, Items]] = []
         self._reg_frames = self.registration_frames()
         tr = self.cfg.transfer
         self.me = me = tcp(self.cfg.listen.host, self.inbox.port)
@@ -110,6 +104,8 @@ class DecodeWorker(RoleWorker):
             if self.staging is not None
             else None
         )
+        self.source: DecodeSource = self.given_source or SyntheticDecodeSource()
+        self.source.attach(self)
 
     def registration_frames(self) -> list[bytes]:
         sch, blobs = self.schema, self.blobs
@@ -194,8 +190,8 @@ class DecodeWorker(RoleWorker):
         """The peer is gone: fail its rooms now, mark it down."""
         log.warning("%s", reason)
         peer.state, peer.attempt = "down", None
-        for room in self.rooms.fail_peer(peer.label, reason):
-            self.finish(room, KVPoll.Failed)
+        for room, actions in self.rooms.fail_peer(peer.label, reason, time.monotonic()):
+            self.perform(room, actions)
         self.metrics.peer_down(peer.label)
         self.status.peer_down(peer.label, reason)
 
@@ -208,7 +204,7 @@ class DecodeWorker(RoleWorker):
         for a room not (or no longer) here, the peer whose pairing sealed it (a plain peer: the
         configured pod's rank)."""
         if room is not None:
-            return room.data.prefill.get(rank)
+            return room.record.prefill.get(rank)
         sender = self.sender
         if sender is not None:
             return self.prefills.peers.get(sender.address)
@@ -256,8 +252,9 @@ class DecodeWorker(RoleWorker):
         sender = self.sender
         if sender is not None and sender.fresh:
             if peer.auth is not None:  # prefill re-paired: what the old pairing had under way is void there
-                for room in self.rooms.fail_peer(peer.label, f"prefill {peer.label} re-paired"):
-                    self.finish(room, KVPoll.Failed, notify=False)
+                why = f"prefill {peer.label} re-paired"
+                for room, actions in self.rooms.fail_peer(peer.label, why, now, notify=False):
+                    self.perform(room, actions)
             self.auth.add(sender)
             peer.auth = sender
         peer.state, peer.last_seen, peer.attempt = "paired", now, None
@@ -266,7 +263,7 @@ class DecodeWorker(RoleWorker):
             self.lanes.dial(peer.address, peer.host, msg.lane_port, token, self.me)
         self.paired(peer.label, peer.instance)
 
-    def on_sglang(self, frames: list[bytes]) -> None:
+    def on_status(self, frames: list[bytes]) -> None:
         st = decode_status(frames)
         room = self.rooms.get(st.room)
         peer = self._status_peer(room, st.prefill_rank)
@@ -278,15 +275,13 @@ class DecodeWorker(RoleWorker):
             peer.last_seen = time.monotonic()
         if room is None:
             return
-        if st.status == KVPoll.Failed:
-            reason = f"prefill rank {st.prefill_rank}: {st.failure_reason or 'failed'}"
-            self.finish(self.rooms.fail(st.room, reason), KVPoll.Failed, notify=False)
-        elif st.status == KVPoll.Success:
-            room.data.ranks.discard(st.prefill_rank)
-            if not room.data.ranks:
-                self.finish(self.rooms.advance(st.room, KVPoll.Success), KVPoll.Success)
-        else:
-            self.rooms.advance(st.room, st.status)
+        got = time.perf_counter() if self.tracing else 0.0
+        event = Status(st.prefill_rank, st.status, st.failure_reason or "")
+        room, actions = self.rooms.handle(st.room, event, time.monotonic())
+        self.perform(room, actions)
+        if self.tracing:
+            self.tracer.mark(st.room, "D1", got)
+            self.tracer.mark(st.room, "D2")
 
     # ---- periodic work ------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -310,7 +305,11 @@ class DecodeWorker(RoleWorker):
                 self.pushers.send(peer.address, self.attempt(peer, offer, now), unsealed=True)
         while self._quarantine and self._quarantine[0][0] <= now:
             self.release(self._quarantine.pop(0)[1])
-        self.generate(now)
+        self.source.generate(now)
+        self.source.flush(now)
+
+    def idle_wait(self) -> float:
+        return self.source.idle_wait(IDLE_WAIT)
 
     def attempt(self, peer: PrefillPeer, offer: bytes | None, now: float) -> list[bytes]:
         """The registration to send ``peer``: the same frames while an attempt is unanswered (prefill
@@ -348,7 +347,7 @@ class DecodeWorker(RoleWorker):
         j = self.required.index(peer.rank) if self.peers.get(peer.rank) is peer else -1
         refused = self.staged.on_message(j, msg, self.rooms.__contains__, peer.address)
         if refused is not None:
-            self.finish(self.rooms.fail(refused[0], refused[1]), KVPoll.Failed)
+            self.fail(refused[0], refused[1])
 
     def poll_transfers(self) -> int:
         """Finished scatters are acknowledged; returns how many still run (the loop polls them)."""
@@ -357,45 +356,17 @@ class DecodeWorker(RoleWorker):
     def ready_to_send(self) -> bool:
         return self.prefills.configured.ready()
 
-    def generate(self, now: float) -> None:
-        with self.pushers.corked():  # the rooms made in one turn leave in one write per lane
-            self._generate(now)
-
-    def _generate(self, now: float) -> None:
-        syn = self.cfg.synthetic
-        while (
-            syn.enabled
-            and self.ready_to_send()
-            and len(self.rooms) < syn.max_inflight
-            and (syn.requests == 0 or self.made < syn.requests)
-            and now >= self._next_request
-            and not self.warming_up()
-        ):
-            if not self.new_room(syn.tokens[self.made % len(syn.tokens)] if syn.tokens else 0):
-                return
-            rate = syn.requests_per_second
-            self._next_request = max(self._next_request + 1 / rate, now - 1.0) if rate > 0 else now
-
-    def warming_up(self) -> bool:
-        """Every warm-up room (``synthetic.warmup``) is made and some are still in flight: the counted
-        rooms wait for them, as a benchmark's raw-engine baseline finishes its warm-up requests before
-        its clock starts — a warm-up room still moving bytes inside the counted window would make the
-        window longer than the bytes counted in it."""
-        warmup = self.cfg.synthetic.warmup
-        return warmup > 0 and self.made == warmup and len(self.rooms) > 0
-
-    def new_room(self, tokens: int) -> bool:
-        counts = items_for_tokens(self.schema, tokens)
-        dst = self.allocate([counts.kv], counts.aux > 0, list(counts.state))
-        if dst is None:
-            return False
-        room_id = self._room_base + self.made
-        self.made += 1
-        pod = self.prefills.configured
+    def open_room(
+        self, room_id: int, items: Items, prefix_len: int | None = None, pod: PrefillPod | None = None
+    ) -> None:
+        """A room of ``items`` (from the source): its metadata to every rank of ``pod``, the prefill pod
+        the engine named (None: the configured one) that it needs."""
+        started = time.perf_counter() if self.tracing else 0.0
+        pod = pod or self.prefills.configured
         first = pod.ranks[pod.required[0]]
-        record = DecodeRoom(dst, set(pod.required), prefill=dict(pod.ranks))
-        room = self.rooms.add(room_id, room_id, first.label, self.timeout, record)
-        kv, aux, state = dst
+        record = DecodeRecord(items, set(pod.required), prefill=dict(pod.ranks))
+        self.rooms.open(room_id, room_id, first.label, record, now=time.monotonic(), timeout=self.timeout)
+        kv, aux, state = items
         md = TransferMetadata(
             room=room_id,
             endpoint=self.cfg.listen.host,
@@ -405,36 +376,50 @@ class DecodeWorker(RoleWorker):
             dst_aux_index=-1 if aux is None else aux,
             dst_state_indices=tuple(np.empty(0, np.int32) if s is None else s for s in state),
             required_dst_info_num=pod.info_num,
+            decode_prefix_len=prefix_len,
         )
         frames = encode_metadata(md)
-        room.data.sent = time.perf_counter()
+        record.sent = time.perf_counter()
         for r in pod.required:
             self.pushers.send(pod.ranks[r].address, list(frames))
-        self.rooms.advance(room_id, KVPoll.WaitingForInput)
-        return True
+        room, actions = self.rooms.handle(room_id, SENT, time.monotonic())
+        self.perform(room, actions)
+        if self.tracing:
+            self.tracer.mark(room_id, "D0a", started)
+            self.tracer.mark(room_id, "D0b")
 
-    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
+    def perform(self, room: DecodeRoom | None, actions: Actions) -> None:
         if room is None:
             return
-        try:
-            self._finish(room, state, notify)
-        finally:
-            self.completed += 1
+        rec = room.record
+        for act in actions:
+            match act:
+                case Act.SEND_ABORT:
+                    abort = [encode_control(Abort(room=room.room, reason=room.reason[:512]))]
+                    for r in rec.ranks:
+                        if r in rec.prefill:
+                            self.pushers.send(rec.prefill[r].address, list(abort))
+                case Act.QUARANTINE:
+                    self._quarantine.append((time.monotonic() + self.timeout, rec.items))
+                case Act.COUNT:
+                    try:
+                        self.count_outcome(room)
+                    finally:
+                        self.completed += 1
+                case Act.COMPLETE:
+                    try:
+                        self.complete(room)
+                    finally:
+                        self.completed += 1
+                case Act.REPORT:
+                    self.source.report(room)
 
-    def _finish(self, room: Any, state: KVPoll, notify: bool) -> None:
-        dr: DecodeRoom = room.data
-        if state != KVPoll.Success:
-            if notify:
-                abort = [encode_control(Abort(room=room.room, reason=room.reason[:512]))]
-                for r in dr.ranks:
-                    if r in dr.prefill:
-                        self.pushers.send(dr.prefill[r].address, list(abort))
-            self._quarantine.append((time.monotonic() + self.timeout, dr.dst))
-            self.count_outcome(room)
-            return
+    def complete(self, room: DecodeRoom) -> None:
+        """Every prefill rank said Success: account (and verify) the room, free its items."""
+        rec = room.record
         end = time.perf_counter()
-        ok = self.check(room.room, dr, room.peer, end - dr.sent, end)
-        self.release(dr.dst)
+        ok = self.check(room.room, rec, room.peer, end - rec.sent, end)
+        self.release(rec.items)
         if ok:
             self.succeeded += 1
             self.count_outcome(room)
@@ -442,11 +427,13 @@ class DecodeWorker(RoleWorker):
             self.verify_failures += 1
             self.metrics.record_outcome(room.peer, "failed", "verification")
 
-    def check(self, room_id: int, dr: DecodeRoom, peer: str, seconds: float, end: float) -> bool:
+    def check(
+        self, room_id: int, dr: DecodeRecord[PrefillPeer], peer: str, seconds: float, end: float
+    ) -> bool:
         """Account every component of the finished room; verify its bytes when configured. The first
         ``synthetic.warmup`` rooms reach the metrics but not the statistics (``/status``)."""
-        kv, aux, state = dr.dst
-        stats = self.stats if room_id - self._room_base >= self.cfg.synthetic.warmup else None
+        kv, aux, state = dr.items
+        stats = self.stats if room_id - self.room_base >= self.cfg.synthetic.warmup else None
         if not self.cfg.synthetic.verify:
             for name, stype, nbytes in self.engine.sizes(kv, aux, state):
                 self.metrics.record_component(name, stype, peer, nbytes, 0, seconds)

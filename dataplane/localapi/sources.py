@@ -1,38 +1,39 @@
-"""The role workers in sidecar mode: rooms come from the serving engine, not from the synthetic one.
+"""Room sources for a serving engine over the local API (``agent.sources`` has the protocol and the
+synthetic ones): the engine's requests, not the synthetic engine, make the rooms, composed into the
+agent's own role workers (``sidecar.external_worker``).
 
-They extend the agent's own workers and change only where items come from and who hears of a room:
-
-- prefill: decode's transfer metadata and the engine's ``Send`` may arrive in either order. Metadata
-  first: the room waits (WaitingForInput, reported to the engine with decode's item counts); ``Send``
-  first: it waits for the metadata until the deadline. When both are in, the write is planned from the
-  engine's source items (minus decode's cached prefix) exactly as the agent plans its own.
-- decode: the engine's ``Expect`` replaces the synthetic request generator; its destination items go
+- prefill (``EnginePrefillSource``): decode's transfer metadata and the engine's ``Send`` may arrive
+  in either order. Metadata first: the room waits (WaitingForInput, reported to the engine with
+  decode's item counts); ``Send`` first: it waits for the metadata until the deadline. When both are
+  in, the room begins with the engine's source items (minus decode's cached prefix).
+- decode (``EngineDecodeSource``): the engine's ``Expect`` makes the room; its destination items go
   into the transfer metadata (with ``prefix_len``) sent to the prefill pod its ``bootstrap_addr`` names
   (``agent.prefills``; none: the configured one), and completion is reported instead of verified. A
   room whose pod is not paired yet waits for it until the deadline, and fails at once with the reason
   when the pod cannot be read.
 
-The items belong to the engine: nothing here allocates or frees them (``release`` is a no-op), and the
-engine must not reuse the destination items of a failed room for one transfer timeout (a frozen
-prefill may still write late, as in sglang). Every state change is reported through ``EngineLink``.
+The items belong to the engine: nothing here allocates or frees them (the worker's ``owns_items`` is
+off), and the engine must not reuse the destination items of a failed room for one transfer timeout
+(a frozen prefill may still write late, as in sglang). Every state change is reported through
+``EngineLink``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from ..agent.decode import DecodeRoom, DecodeWorker
-from ..agent.prefill import DecodePeer, PrefillWorker
+from ..agent.decode import DecodeWorker
+from ..agent.prefill import PrefillWorker
 from ..agent.prefills import PrefillPod
 from ..agent.roles import RoleWorker
-from ..codec import KVPoll, TransferMetadata, encode_metadata
+from ..codec import KVPoll, TransferMetadata
 from ..errors import PDPairError
+from ..room import Items, Room
 from .link import AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
 from .server import Session
 
@@ -52,6 +53,8 @@ class EngineSide:
         answered: tuple[int, ...] = (int(KVPoll.Success), int(KVPoll.Failed)),
     ):
         self.worker, self.link, self.on_command = worker, link, on_command
+        self.lead = worker.role[0].upper()
+        """The trace points' letter for this side (``room.trace``)."""
         self.lent: Session | None = None
         self.pumped = 0.0
         self.reply_spin = worker.cfg.localapi.engine.reply_spin_microseconds * 1e-6
@@ -70,6 +73,8 @@ class EngineSide:
             return
         with self.worker.together(len(commands)):
             for cmd in commands:
+                if self.worker.tracing and not isinstance(cmd, DetachCmd):
+                    self.worker.tracer.mark(cmd.room, f"{self.lead}w0")
                 try:
                     self.on_command(cmd, now)
                 except PDPairError as exc:
@@ -104,7 +109,7 @@ class EngineSide:
         """The engine went away: fail every live room (the worker tells the peers), say so, done."""
         w = self.worker
         for room in w.rooms.live():
-            w.finish(w.rooms.fail(room.key, cmd.reason), KVPoll.Failed)
+            w.fail(room.key, cmd.reason)
         self.link.flush()
         cmd.done.set()
 
@@ -121,6 +126,9 @@ class EngineSide:
         urgent = any(st.state in self.answered for st in link.unpushed())
         if not urgent and now - link.since < SHOW_WITHIN:
             return
+        if self.worker.tracing:
+            for st in link.unpushed():
+                self.worker.tracer.mark(st.room, f"{self.lead}f{st.state}")
         if link.flush() and urgent and self.reply_spin:
             self.worker.spin_until = time.monotonic() + self.reply_spin
 
@@ -135,49 +143,65 @@ class EngineSide:
         self.link.flush()
 
 
-class ExternalPrefillWorker(PrefillWorker):
-    def join(self, link: EngineLink) -> None:
-        """Take rooms from the engine behind ``link`` (``sidecar.external_worker``, right after
-        construction)."""
-        self.link = link
-        answered = (int(KVPoll.Success), int(KVPoll.Failed), int(KVPoll.WaitingForInput))
-        self.side = EngineSide(self, link, self.on_command, answered)
+class EnginePrefillSource:
+    """Prefill's rooms get their source items from the engine's ``Send``."""
 
-    def setup(self) -> None:
-        super().setup()
+    def __init__(self, link: EngineLink):
+        self.link = link
         self.sends: dict[int, tuple[SendCmd, float]] = {}
-        self.parked: dict[int, list[tuple[DecodePeer, TransferMetadata]]] = {}
+        """The engine's ``Send`` per room id, with its deadline for decode's metadata."""
+        self.parked: dict[int, list[Any]] = {}
+        """Rooms (keys) whose metadata came before the engine's ``Send``, by room id."""
         self.done_keys: dict[int, int] = {}
         self.required_info: dict[int, int] = {}
         self.failed: OrderedDict[int, str] = OrderedDict()
         """Recently failed rooms: a ``Send`` arriving after its room failed fails at once."""
+        self.failing = -1
+        """The room id whose other decode ranks are being failed with it (reported once)."""
 
-    def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
-        key = (dp.address, md.room)
-        self.rooms.add(key, md.room, dp.label, self.timeout, state=KVPoll.WaitingForInput)
+    def attach(self, worker: PrefillWorker) -> None:
+        self.worker = worker
+        answered = (int(KVPoll.Success), int(KVPoll.Failed), int(KVPoll.WaitingForInput))
+        self.side = EngineSide(worker, self.link, self.on_command, answered)
+
+    def start(self, stop: threading.Event) -> None:
+        return None
+
+    def opened(self, room: Room[Any], md: TransferMetadata) -> None:
         self.required_info[md.room] = md.required_dst_info_num
         sent = self.sends.get(md.room)
         if sent is not None:
-            self.launch_send(dp, md, sent[0])
+            self.begin(room.key, md, sent[0])
             return
-        self.parked.setdefault(md.room, []).append((dp, md))
+        self.parked.setdefault(md.room, []).append(room.key)
         counts = tuple(len(s) for s in md.dst_state_indices)
         self.link.report(
             md.room, KVPoll.WaitingForInput, kv_items=len(md.dst_kv_indices),
             aux=md.dst_aux_index >= 0, state_items=counts,
         )
 
+    def begin(self, key: Any, md: TransferMetadata, cmd: SendCmd) -> None:
+        """The engine's source items for one (decode rank, room), less the KV pages of decode's
+        cached prefix."""
+        skip = (md.decode_prefix_len or 0) // self.worker.schema.kv.page_size
+        aux = cmd.aux if md.dst_aux_index >= 0 else None
+        state = list(cmd.state) + [None] * (len(self.worker.schema.components) - len(cmd.state))
+        self.worker.begin(key, Items(cmd.kv[skip:], aux, state))
+
     def on_command(self, cmd: Command, now: float) -> None:
+        w = self.worker
         if isinstance(cmd, SendCmd):
             if cmd.room in self.failed:
                 self.link.report(cmd.room, KVPoll.Failed, self.failed[cmd.room])
                 return
-            self.sends[cmd.room] = (cmd, now + self.timeout)
+            self.sends[cmd.room] = (cmd, now + w.timeout)
             parked = self.parked.pop(cmd.room, [])
             if not parked:
                 self.link.report(cmd.room, KVPoll.Bootstrapping)
-            for dp, md in parked:
-                self.launch_safely(dp, md, cmd)
+            for key in parked:
+                room = w.rooms.get(key)
+                if room is not None:
+                    self.begin(key, room.record.metadata, cmd)
         elif isinstance(cmd, AbortCmd):
             self.abort_room(cmd.room, f"aborted by engine: {cmd.reason}")
         elif isinstance(cmd, DetachCmd):
@@ -185,29 +209,11 @@ class ExternalPrefillWorker(PrefillWorker):
             self.parked.clear()
             self.side.detach(cmd)
 
-    def launch_safely(self, dp: DecodePeer, md: TransferMetadata, cmd: SendCmd) -> None:
-        try:
-            self.launch_send(dp, md, cmd)
-        except PDPairError as exc:
-            self.finish(self.rooms.fail((dp.address, md.room), f"cannot plan: {exc}"), KVPoll.Failed)
-
-    def launch_send(self, dp: DecodePeer, md: TransferMetadata, cmd: SendCmd) -> None:
-        """Plan and start the writes of one (decode rank, room) from the engine's source items, less
-        the KV pages of decode's cached prefix."""
-        room = self.rooms.get((dp.address, md.room))
-        if room is None:
-            return
-        skip = (md.decode_prefix_len or 0) // self.schema.kv.page_size
-        aux = cmd.aux if md.dst_aux_index >= 0 else None
-        state = list(cmd.state) + [None] * (len(self.schema.components) - len(cmd.state))
-        self.link.report(md.room, KVPoll.Transferring)
-        self.write_room(room, dp, md, (cmd.kv[skip:], aux, state))
-
     def abort_room(self, room_id: int, reason: str) -> None:
         self.forget_room(room_id)
-        rooms = [r for r in self.rooms.live() if r.room == room_id]
+        rooms = [r for r in self.worker.rooms.live() if r.room == room_id]
         for room in rooms:
-            self.finish(self.rooms.fail(room.key, reason), KVPoll.Failed)
+            self.worker.fail(room.key, reason)
         if not rooms:
             self.link.report(room_id, KVPoll.Failed, reason)
 
@@ -217,59 +223,63 @@ class ExternalPrefillWorker(PrefillWorker):
         self.required_info.pop(room_id, None)
         self.done_keys.pop(room_id, None)
 
-    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
-        """Report to the engine once per room: Failed at the first failed decode rank (the others
-        are failed with it), Success when every decode rank that asked for the room has it."""
-        super().finish(room, state, notify)
-        if room is None:
-            return
-        if state != KVPoll.Success:
+    def report(self, room: Room[Any]) -> None:
+        """Once per room id: Failed at the first failed decode rank (the others are failed with it),
+        Success when every decode rank that asked for the room has it."""
+        state = room.state
+        if state == KVPoll.Transferring:
+            self.link.report(room.room, KVPoll.Transferring)
+        elif state == KVPoll.Failed:
+            if room.room == self.failing:
+                return
             self.forget_room(room.room)
             self.failed[room.room] = room.reason
             while len(self.failed) > KEEP_FAILED:
                 self.failed.popitem(last=False)
-            for other in [r for r in self.rooms.live() if r.room == room.room]:
-                super().finish(self.rooms.fail(other.key, room.reason), KVPoll.Failed, notify)
+            self.failing = room.room
+            try:
+                for other in [r for r in self.worker.rooms.live() if r.room == room.room]:
+                    self.worker.fail(other.key, room.reason, notify=not room.quiet)
+            finally:
+                self.failing = -1
             self.link.report(room.room, KVPoll.Failed, room.reason)
-            return
-        done = self.done_keys.get(room.room, 0) + 1
-        if done >= self.required_info.get(room.room, 1):
-            self.forget_room(room.room)
-            self.link.report(room.room, KVPoll.Success)
-        else:
-            self.done_keys[room.room] = done
+        elif state == KVPoll.Success:
+            done = self.done_keys.get(room.room, 0) + 1
+            if done >= self.required_info.get(room.room, 1):
+                self.forget_room(room.room)
+                self.link.report(room.room, KVPoll.Success)
+            else:
+                self.done_keys[room.room] = done
+
+    def poll(self) -> None:
+        return None
 
     def tick(self, now: float) -> None:
-        """Engine requests first; the turn's room states go out together, after every other step."""
+        """Engine requests first; a ``Send`` whose metadata never came fails at its deadline."""
         self.side.drain(now)
         for room_id, (_, deadline) in list(self.sends.items()):
-            if deadline <= now and not any(r.room == room_id for r in self.rooms.live()):
+            if deadline <= now and not any(r.room == room_id for r in self.worker.rooms.live()):
                 self.sends.pop(room_id, None)
                 self.link.report(room_id, KVPoll.Failed, "no transfer request from decode by the deadline")
-        super().tick(now)
+
+    def flush(self, now: float) -> None:
+        """The turn's room states go out together, after every other step."""
         self.side.flush(now)
 
-    def idle_wait(self) -> float:
-        return self.side.idle_wait(super().idle_wait())
+    def idle_wait(self, wait: float) -> float:
+        return self.side.idle_wait(wait)
 
 
-class ExternalDecodeWorker(DecodeWorker):
-    def join(self, link: EngineLink) -> None:
-        """Take rooms from the engine behind ``link`` (``sidecar.external_worker``, right after
-        construction)."""
+class EngineDecodeSource:
+    """Decode's rooms are the engine's ``Expect`` requests, started once the prefill ranks pair."""
+
+    def __init__(self, link: EngineLink):
         self.link = link
-        self.side = EngineSide(self, link, self.on_command)
-
-    def tick(self, now: float) -> None:
-        super().tick(now)
-        self.side.flush(now)
-
-    def idle_wait(self) -> float:
-        return self.side.idle_wait(super().idle_wait())
-
-    def setup(self) -> None:
-        super().setup()
         self.waiting: deque[tuple[ExpectCmd, PrefillPod, float]] = deque()
+
+    def attach(self, worker: DecodeWorker) -> None:
+        self.worker = worker
+        self.side = EngineSide(worker, self.link, self.on_command)
 
     def generate(self, now: float) -> None:
         """Rooms come from the engine: start those whose prefill pod paired, in order per pod; fail
@@ -283,7 +293,7 @@ class ExternalDecodeWorker(DecodeWorker):
             if pod.failed:
                 self.link.report(cmd.room, KVPoll.Failed, pod.failed)
             elif id(pod) not in held and pod.ready():
-                self.start_expect(cmd, pod)
+                self.start(cmd, pod)
             elif deadline <= now:
                 why = f"prefill {pod.address} not paired before the deadline"
                 self.link.report(cmd.room, KVPoll.Failed, why)
@@ -293,50 +303,41 @@ class ExternalDecodeWorker(DecodeWorker):
         self.waiting = keep
 
     def on_command(self, cmd: Command, now: float) -> None:
+        w = self.worker
         if isinstance(cmd, ExpectCmd):
-            pod = self.prefills.pod(cmd.bootstrap, now)
-            if pod.ready() and not any(w[1] is pod for w in self.waiting):
-                self.start_expect(cmd, pod)
+            pod = w.prefills.pod(cmd.bootstrap, now)
+            if pod.ready() and not any(x[1] is pod for x in self.waiting):
+                self.start(cmd, pod)
             else:
-                self.waiting.append((cmd, pod, now + self.timeout))
+                self.waiting.append((cmd, pod, now + w.timeout))
                 self.link.report(cmd.room, KVPoll.Bootstrapping)
         elif isinstance(cmd, AbortCmd):
             reason = f"aborted by engine: {cmd.reason}"
-            self.waiting = deque(w for w in self.waiting if w[0].room != cmd.room)
-            room = self.rooms.fail(cmd.room, reason)
-            if room is not None:
-                self.finish(room, KVPoll.Failed)
+            self.waiting = deque(x for x in self.waiting if x[0].room != cmd.room)
+            if cmd.room in w.rooms:
+                w.fail(cmd.room, reason)
             else:
                 self.link.report(cmd.room, KVPoll.Failed, reason)
         elif isinstance(cmd, DetachCmd):
             self.waiting.clear()
             self.side.detach(cmd)
 
-    def start_expect(self, cmd: ExpectCmd, pod: PrefillPod) -> None:
-        state = list(cmd.state) + [None] * (len(self.schema.components) - len(cmd.state))
-        dst = (cmd.kv, cmd.aux, state)
-        first = pod.ranks[pod.required[0]]
-        record = DecodeRoom(dst, set(pod.required), prefill=dict(pod.ranks))
-        room = self.rooms.add(cmd.room, cmd.room, first.label, self.timeout, record)
-        md = TransferMetadata(
-            room=cmd.room,
-            endpoint=self.cfg.listen.host,
-            dst_port=self.inbox.port,
-            engine_key=self.agent_id,
-            dst_kv_indices=cmd.kv,
-            dst_aux_index=-1 if cmd.aux is None else cmd.aux,
-            dst_state_indices=tuple(np.empty(0, np.int32) if s is None else s for s in state),
-            required_dst_info_num=pod.info_num,
-            decode_prefix_len=cmd.prefix_len or None,
-        )
-        frames = encode_metadata(md)
-        room.data.sent = time.perf_counter()
-        for r in pod.required:
-            self.pushers.send(pod.ranks[r].address, list(frames))
-        self.rooms.advance(cmd.room, KVPoll.WaitingForInput)
-        self.link.report(cmd.room, KVPoll.WaitingForInput)
+    def start(self, cmd: ExpectCmd, pod: PrefillPod) -> None:
+        state = list(cmd.state) + [None] * (len(self.worker.schema.components) - len(cmd.state))
+        self.worker.open_room(cmd.room, Items(cmd.kv, cmd.aux, state), cmd.prefix_len or None, pod)
 
-    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
-        super().finish(room, state, notify)
-        if room is not None:
-            self.link.report(room.room, state, room.reason if state != KVPoll.Success else "")
+    def report(self, room: Room[Any]) -> None:
+        state = room.state
+        if state == KVPoll.WaitingForInput or state == KVPoll.Success:
+            self.link.report(room.room, state)
+        elif state == KVPoll.Failed:
+            self.link.report(room.room, state, room.reason)
+
+    def flush(self, now: float) -> None:
+        self.side.flush(now)
+
+    def idle_wait(self, wait: float) -> float:
+        return self.side.idle_wait(wait)
+
+
+__all__ = ["EngineDecodeSource", "EnginePrefillSource", "EngineSide"]
