@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # PDPair images, five targets from one file (docs/images.md):
-#   operator     the kopf operator: no torch, no transfer engines
+#   operator     the kopf operator: no torch, no transport SDKs
 #   agent        the data-plane agent for host-memory pools, with NIXL (and MoRI-IO on Python 3.12)
 #   agent-cuda   the agent for CUDA pools: the same, plus torch (its wheels carry the CUDA runtime)
 #   agent-rocm   the agent for MoRI on ROCm GPUs (amd-mori, torch for ROCm), on a ROCm base
@@ -11,6 +11,7 @@
 # Every pip step mounts two optional build secrets, so pip inside reaches the index the builder's pip
 # uses: `pip.conf` (at /etc/pip.conf) and `pip-cert` (a CA bundle that pip.conf may name as
 # /run/secrets/pip-cert); hack/images.sh passes them. pip's cache is a cache mount, never a layer.
+# The build context (.dockerignore) leaves the benchmarks (dataplane/harness/bench) out of every target.
 # Every target runs as uid/gid 65532, the uid the operator's pod templates require (runAsNonRoot).
 
 ARG PYTHON_IMAGE=python:3.12.12-slim-trixie

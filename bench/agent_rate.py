@@ -1,5 +1,5 @@
 """The direct agents' room rate with rooms in flight, and each role worker's CPU per room — the agents
-alone (no raw engine, no memcpy), in short windows, so two builds can alternate within minutes.
+alone (no raw NIXL, no memcpy), in short windows, so two builds can alternate within minutes.
 
     .venv/bin/python bench/agent_rate.py [--size 4K] [--inflight 8] [--windows 3] [--seconds 4]
                                          [--compiled on|auto|off] [--json]
@@ -24,10 +24,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataplane.agent.launch import AgentProcess, loopback_pair  # noqa: E402
 from dataplane.commands.args import parse_size  # noqa: E402
-from dataplane.commands.bench import block_config  # noqa: E402
 from dataplane.compiled import CompileUnavailable, choose  # noqa: E402
+from dataplane.harness.agent_processes import AgentProcess, loopback_pair  # noqa: E402
+from dataplane.harness.bench.cases import block_config  # noqa: E402
 
 SETTLE = 2.0
 

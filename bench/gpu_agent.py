@@ -32,7 +32,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataplane.agent.launch import AgentProcess, loopback_pair  # noqa: E402
 from dataplane.config import (  # noqa: E402
     AgentConfig,
     ModelConfig,
@@ -40,6 +39,7 @@ from dataplane.config import (  # noqa: E402
     SyntheticConfig,
     TransferConfig,
 )
+from dataplane.harness.agent_processes import AgentProcess, loopback_pair  # noqa: E402
 
 CASES = {
     # name: (KV page bytes, KV layers (buffers = 2 x layers), pool pages)

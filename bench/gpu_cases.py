@@ -151,7 +151,7 @@ def plan_for(case: Case, seed: int = 7) -> WritePlan:
         dst = rng.permutation(2 * case.count)[: case.count]
         return WritePlan.build(0, src * case.block, 0, dst * case.block, case.block, 0)
     if case.room_pages:
-        from dataplane.bench.codec import fragmented_pages
+        from dataplane.harness.bench.codec import fragmented_pages
 
         room_rng = np.random.default_rng(35)
         src = fragmented_pages(room_rng, case.room_pages, schema.kv.num_pages)

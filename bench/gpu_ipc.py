@@ -133,7 +133,7 @@ def room(
     of small comparisons) left the copies timed after it at ~1 ms whatever their bytes."""
     from dataclasses import replace
 
-    from dataplane.bench.codec import fragmented_pages
+    from dataplane.harness.bench.codec import fragmented_pages
     from dataplane.planner import PeerLayout, RequestIndices, plan_request
     from dataplane.schema.profiles import profile
 

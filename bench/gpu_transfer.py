@@ -11,7 +11,7 @@ and of different TP sizes, ``gpu_cases.ROOMS``) it measures, side by side in one
 
 - ``d2d``: a torch device-to-device copy of the same number of bytes (the device's limit; GB/s
   counts bytes moved once);
-- ``raw``: the raw NIXL engine, one descriptor per planned write, one prepared handle re-posted;
+- ``raw``: raw NIXL, one descriptor per planned write, one prepared handle re-posted;
 - ``direct``: the agent's path, ``NixlTransport.write`` of the plan, one write per component;
 - ``staged``: every write staged (``dataplane.staging``: gather kernel into a registered slot, one
   write, notice, scatter kernel on decode, ack), per slot size given;

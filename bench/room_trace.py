@@ -3,21 +3,20 @@ both agents' workers, medians per step.
 
     .venv/bin/python bench/room_trace.py [--size 4K] [--requests 3000] [--spin-us 0] [--json]
 
-Runs ``pdpair-agent bench transfer --sizes SIZE --mix= --inflight 1`` with the hooks of
-``bench/room_trace_hooks/`` on the agents' ``PYTHONPATH`` (instrumentation: it wraps the workers'
-methods, like a profiler; deployed agents never load it; so the agents run the interpreted modules,
-``--compiled off``: compiled classes' methods cannot be wrapped), then joins prefill's and decode's marks by
-room id — one host, one monotonic clock — and prints the median and p90 of each step, the first tenth of
-the rooms (pairing, warm-up) left out — use a few hundred rooms at least: in the first hundred or so the
-status's send itself can take 100+ µs (the dev VM, while the lane to decode comes up). One room at a
-time, so every step belongs to that room; with rooms in flight the steps would interleave. The marks
-cost a few µs each: compare steps, not the sum with the benchmark's p50 (printed too, with the raw
-engine's); docs/benchmarks.md.
+Runs ``pdpair-agent bench transfer --sizes SIZE --mix= --inflight 1`` with ``PDPAIR_ROOM_TRACE`` set
+for the agents it starts: their role workers then mark the trace points of ``dataplane.room.trace``
+(``agent.tracing`` records them; interpreted modules, ``--compiled off``). It joins prefill's and
+decode's marks by room id — one host, one monotonic clock — and prints the median and p90 of each step,
+the first tenth of the rooms (pairing, warm-up) left out — use a few hundred rooms at least: in the
+first hundred or so the status's send itself can take 100+ µs (while the lane to decode comes up). One
+room at a time, so every step belongs to that room; with rooms in flight the steps would interleave.
+The marks cost about a µs each: compare steps, not the sum with the benchmark's p50 (printed too, with
+the raw engine's); docs/benchmarks.md.
 
 ``--sidecar reactive|presend`` traces the same room through the local API instead (``sidecar-bench``'s
-sidecar setup, one room in flight, interpreted): four processes — decode engine, decode agent, prefill
-agent, prefill engine — and every hop between them (docs/sidecar.md). ``reactive``: the prefill
-engine sends when the agent tells it decode asked; ``presend``: it sent ahead.
+sidecar setup, one room in flight, interpreted): the agents' steps, and when each took the engine's
+request and pushed a room state to it (docs/sidecar.md). ``reactive``: the prefill engine sends when
+the agent tells it decode asked; ``presend``: it sent ahead.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-HOOKS = Path(__file__).with_name("room_trace_hooks")
+ENV = "PDPAIR_ROOM_TRACE"
+"""``dataplane.agent.tracing.ENV``: the folder the agents' workers write their marks to."""
 STEPS = (
     ("decode: make the metadata, send it", "D0a", "D0b"),
     ("metadata reaches prefill's poll", "D0b", "Pw"),
@@ -42,9 +42,8 @@ STEPS = (
     ("prefill: plan_request", "Qa", "Qb"),
     ("prefill: transfer_requests", "Ra", "Rb"),
     ("prefill: up to write", "Rb", "Wa"),
-    ("prefill: write up to the engine's post", "Wa", "Xa"),
-    ("prefill: the engine's post", "Xa", "Xb"),
-    ("prefill: write returns to finish", "Xb", "P2"),
+    ("prefill: the transport's write", "Wa", "Wb"),
+    ("prefill: write returns to finish", "Wb", "P2"),
     ("prefill: finish up to the status's send", "P2", "Ps"),
     ("status sent, reaches decode's handler", "Ps", "D1"),
     ("prefill: rest of finish (after the status)", "Ps", "P3"),
@@ -52,32 +51,22 @@ STEPS = (
     ("all of it", "D0a", "D2"),
 )
 SIDECAR_STEPS = (
-    ("decode engine: the expect call", "Es0", "Es1"),
-    ("expect reaches the agent (its reader)", "Es0", "Dc0"),
-    ("decode agent: read, check, queue", "Dc0", "Dc1"),
-    ("submitted, the worker takes it", "Dc1", "Dw0"),
+    ("decode: the worker takes the engine's expect", "Dw0", "D0a"),
     ("decode: make the metadata, send it", "D0a", "D0b"),
     ("metadata reaches prefill's poll", "D0b", "Pw"),
     ("prefill: read it, start the room", "Pw", "P0"),
     ("prefill: WaitingForInput pushed to the engine", "P0", "Pf2"),
-    ("WaitingForInput reaches the prefill engine", "Pf2", "Gr2"),
-    ("prefill engine: read it up to the send call", "Gr2", "Gs0"),
-    ("prefill engine: the send call", "Gs0", "Gs1"),
-    ("send reaches the agent (its reader)", "Gs0", "Pc0"),
-    ("prefill agent: read, check, queue", "Pc0", "Pc1"),
-    ("submitted, the worker takes it", "Pc1", "Pw0"),
-    ("prefill: room started up to the engine's post", "P0", "Xa"),
-    ("prefill: the engine's post", "Xa", "Xb"),
-    ("prefill: write returns to finish", "Xb", "P2"),
+    ("prefill: WaitingForInput pushed up to the engine's send taken", "Pf2", "Pw0"),
+    ("prefill: room started up to the transport's write", "P0", "Wa"),
+    ("prefill: the transport's write", "Wa", "Wb"),
+    ("prefill: write returns to finish", "Wb", "P2"),
     ("prefill: finish up to the status's send", "P2", "Ps"),
     ("status sent, reaches decode's handler", "Ps", "D1"),
     ("decode: finish the room", "D1", "D2"),
     ("decode: Success pushed to the engine", "D2", "Df4"),
-    ("Success reaches the decode engine", "Df4", "Er4"),
     ("prefill: Success pushed to the engine", "P3", "Pf4"),
-    ("decode agent: expect in to Success out", "Dc0", "Df4"),
-    ("all of it (decode engine's expect to its Success)", "Es0", "Er4"),
-    ("decode engine: Success read up to the next expect", "Er4", "+Es0"),
+    ("decode agent: expect taken to Success pushed", "Dw0", "Df4"),
+    ("decode agent: Success pushed up to the next expect taken", "Df4", "+Dw0"),
 )
 """A step ``a`` → ``+b`` runs from this room's ``a`` to the next room's ``b`` (rooms are in order)."""
 
@@ -121,15 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--requests must be at least 20")
     with tempfile.TemporaryDirectory() as out:
         env = {
-            **os.environ, "PDPAIR_ROOM_TRACE": out,
-            "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            **os.environ, ENV: out,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
         if args.sidecar:
             return sidecar(args, env, Path(out))
         cmd = [
             sys.executable, "-m", "dataplane.cli", "bench", "transfer", "--sizes", args.size, "--mix=",
-            "--inflight", "1", "--repeat", "1", "--max-requests", str(args.requests), "--compiled", "off",
-            "--case-bytes", str(1 << 40), "--spin-us", str(args.spin_us), "--json",
+            "--tp-rooms=", "--inflight", "1", "--repeat", "1", "--max-requests", str(args.requests),
+            "--compiled", "off", "--case-bytes", str(1 << 40), "--spin-us", str(args.spin_us), "--json",
         ]
         run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         if run.returncode != 0:
@@ -144,15 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         "steps": summarise(traces),
     }
     head = f"{result['case']}: agent p50 {bench['agent_p50_us']:.0f} us"
-    return show(result, f"{head}, raw engine p50 {bench['raw_p50_us']:.0f} us", args.json)
+    return show(result, f"{head}, raw NIXL p50 {bench['raw_p50_us']:.0f} us", args.json)
 
 
 def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
     """The sidecar setup of ``sidecar-bench`` for one case, its processes started with the hooks."""
     from dataplane.commands.args import parse_size
-    from dataplane.commands.bench import block_config
-    from dataplane.commands.sidecar_bench import sidecar_run, with_warmup
     from dataplane.compiled import choose
+    from dataplane.harness.bench.cases import block_config
+    from dataplane.harness.bench.sidecar import sidecar_run, with_warmup
 
     choose("off")
     cfg = with_warmup(block_config(parse_size(args.size), args.requests), 5)
@@ -163,7 +152,7 @@ def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    traces = load(out, ("prefill-agent", "decode-agent", "prefill-engine", "decode-engine"))
+    traces = load(out, ("prefill-agent", "decode-agent"))
     if traces is None:
         return 1
     result = {
@@ -175,14 +164,17 @@ def sidecar(args: argparse.Namespace, env: dict[str, str], out: Path) -> int:
 
 
 def load(out: Path, processes: tuple[str, ...]) -> list[Marks] | None:
-    """Each process's marks (the file its hooks wrote at exit), or None when one is missing."""
+    """Each process's marks (the file its tracer wrote at exit; of several runs, the one with the most
+    rooms: the timed run, not the short verification run that ends each case), or None when one is
+    missing."""
     traces = []
     for name in processes:
         found = sorted(out.glob(f"{name}-*.json"))
         if not found:
-            print(f"room_trace: no trace from the {name} (its hooks did not load)", file=sys.stderr)
+            print(f"room_trace: no trace from the {name} (was {ENV} passed to it?)", file=sys.stderr)
             return None
-        traces.append(json.loads(found[-1].read_text())["marks"])
+        runs = [json.loads(f.read_text())["marks"] for f in found]
+        traces.append(max(runs, key=len))
     return traces
 
 

@@ -81,10 +81,10 @@ def transfer_dashboard() -> dict[str, Any]:
               (Target(_rate("pdpair_agent_verified_bytes_total",
                             'role=~"$role",component=~"$component",state_type=~"$state_type"',
                             "component, result"), "{{component}} {{result}}"),),
-              "Bps", "Bytes checked against the synthetic engine on decode: ok or mismatch."),
+              "Bps", "Bytes checked against the synthetic content on decode: ok or mismatch."),
         _rate_panel("Engine errors by kind", "pdpair_agent_engine_errors_total", 'role=~"$role"',
                     "role, kind", "{{role}}: {{kind}}", "short",
-                    "Errors raised by the transfer engine (NIXL / MoRI-IO)."),
+                    "Errors raised by the transport (NIXL / MoRI-IO)."),
         _rate_panel("Role-worker CPU", "pdpair_agent_worker_cpu_seconds_total", 'role=~"$role"',
                     "role, instance", "{{role}} {{instance}}", "percentunit",
                     "Share of one core the agent's role-worker thread uses. One thread plans, posts and "

@@ -15,6 +15,9 @@ from .commands.args import Parser, add_version
 from .errors import PDPairError
 
 COMMANDS: tuple[ModuleType, ...] = (run, demo, bench, wire, engine, sidecar_bench)
+HARNESS = "dataplane.harness"
+"""The launchers, demo and benchmarks: only ``demo``, ``bench`` and ``sidecar-bench`` import it, when
+they run; the images leave its benchmarks out."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except PDPairError as exc:
         print(f"pdpair-agent: error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith(HARNESS):
+            raise
+        print(f"pdpair-agent: error: {args.command} needs {exc.name} (the harness), which the images leave "
+              "out; run it from a source checkout of PDPair", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -49,9 +49,9 @@ class ModelConfig(_Base, frozen=True):
     max_requests: int = 64
     """Slots for per-request state (mamba, aux)."""
     layers: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 4
-    """Profile mode only: the synthetic engine lays out the model's first ``layers`` layers, each at its
-    real size (4 hold every profile's layer pattern, e.g. Qwen3-Next's 3 GDN + 1 full attention, in a
-    few hundred MB); 0: every layer of the model."""
+    """Profile mode only: the synthetic source (or engine) lays out the model's first ``layers`` layers,
+    each at its real size (4 hold every profile's layer pattern, e.g. Qwen3-Next's 3 GDN + 1 full
+    attention, in a few hundred MB); 0: every layer of the model."""
     prefault: bool = False
     """Touch every page of host pools at start-up, as a serving engine's long-lived cache is, so no
     room pays first-touch page faults (benchmarks set it); off, pages are mapped on first use."""
@@ -184,6 +184,11 @@ class PeerConfig(_Base, frozen=True):
     bootstrap_host: str = "127.0.0.1"
     """Decode only: the prefill bootstrap address (the bootstrap Service in a cluster)."""
     bootstrap_port: int = 8998
+    max_prefills: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
+    """Decode only: the most prefill pods it pairs with at once — the configured one and those its
+    engine names by bootstrap address (``Expect.bootstrap_addr``: sglang's router picks a prefill per
+    request). A room naming one more fails with the reason, unless a named pod has been idle for a
+    transfer timeout (it is then forgotten)."""
 
 
 class IdentityConfig(_Base, frozen=True):
@@ -195,8 +200,8 @@ class IdentityConfig(_Base, frozen=True):
 
 
 class SyntheticConfig(_Base, frozen=True):
-    """The synthetic engine's request stream, which decode originates (a canary in pods, the load in
-    the demo and benchmarks)."""
+    """The synthetic source's (or engine's) request stream, which decode originates (a canary in pods,
+    the load in the demo and benchmarks)."""
 
     enabled: bool = True
     requests_per_second: float = 1.0
@@ -219,7 +224,7 @@ class SyntheticConfig(_Base, frozen=True):
 
 
 class EngineConfig(_Base, frozen=True):
-    """Who owns the pools and the requests: the agent's own synthetic engine (``synthetic``), or a
+    """Who owns the pools and the requests: the agent's own synthetic source (``synthetic``), or a
     serving engine in the next container that speaks the local API (``external``, sidecar mode)."""
 
     mode: Literal["synthetic", "external"] = "synthetic"

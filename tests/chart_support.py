@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +73,6 @@ def sa_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) ->
     path.write_text(yaml.safe_dump(config))
     return path
 
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s: {what}")
 
 
 class Operator:

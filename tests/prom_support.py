@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from dataplane.agent.launch import free_port
+from dataplane.harness.agent_processes import free_port
+from dataplane.harness.waiting import wait_for
 
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "10s"
@@ -58,15 +58,14 @@ class Prometheus:
         return {t["scrapeUrl"]: t["health"] for t in active}
 
     def wait_until(self, what: str, check: Any, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log.read_text()[-2000:]
-                raise AssertionError(f"prometheus exited ({self.proc.returncode}): {tail}")
-            if check():
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        """``wait_for`` ``check``, failing at once if Prometheus exits."""
+        wait_for(what, lambda: self.running() and check(), timeout=timeout, interval=0.5)
+
+    def running(self) -> bool:
+        if self.proc.poll() is not None:
+            tail = self.log.read_text()[-2000:]
+            raise AssertionError(f"prometheus exited ({self.proc.returncode}): {tail}")
+        return True
 
 
 def _ready(url: str) -> bool:

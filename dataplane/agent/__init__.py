@@ -1,7 +1,7 @@
-"""The in-pod agent: pools, synthetic engine, rooms, ZMQ control, bootstrap/health HTTP, metrics, and
+"""The in-pod agent: pools, the synthetic source, rooms, ZMQ control, bootstrap/health HTTP, metrics, and
 the two role workers, wired together by ``AgentRuntime``.
 
-Importing this package imports numpy and pyzmq but no transfer engine: ``make_transport`` loads the
+Importing this package imports numpy and pyzmq but no transport SDK: ``make_transport`` loads the
 configured engine's SDK when the runtime starts.
 """
 
@@ -9,7 +9,6 @@ from .bootstrap import BootstrapRegistry, RankInfo, Topology, fetch_topology
 from .health import AgentStatus
 from .metrics import AgentMetrics
 from .pools import IndexAllocator, MemoryPools
-from .rooms import Room, RoomTable
 from .runtime import AgentRuntime, make_transport
 from .synthetic import ComponentCheck, ItemCounts, SyntheticEngine, items_for_tokens
 
@@ -23,8 +22,6 @@ __all__ = [
     "ItemCounts",
     "MemoryPools",
     "RankInfo",
-    "Room",
-    "RoomTable",
     "SyntheticEngine",
     "Topology",
     "fetch_topology",

@@ -134,9 +134,10 @@ class BootstrapRegistry:
 
 
 def fetch_topology(host: str, port: int, timeout: float = 2.0, key: bytes | None = None) -> Topology:
-    """Decode's query, signed with ``key`` (the pairing key, when the PDPair has one); raises
-    ``WireFormatError`` on a malformed answer, ``OSError`` when unreachable or refused."""
-    raw = get_json(f"http://{host}:{port}/topology", timeout=timeout, key=key)
+    """Decode's query, signed with ``key`` (the pairing key, when the PDPair has one), whose answer
+    must prove the key as well; raises ``WireFormatError`` on a malformed or unproven answer,
+    ``OSError`` when unreachable or refused."""
+    raw = get_json(f"http://{host}:{port}/topology", timeout=timeout, key=key, proven=True)
     if isinstance(raw, dict) and "ranks" not in raw and "complete" in raw:
         raise WireFormatError(
             f"bootstrap {host}:{port} gave only its public topology: "

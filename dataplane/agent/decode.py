@@ -1,6 +1,10 @@
 """The decode role worker: finds prefill through its bootstrap endpoint, registers, originates rooms
 (like sglang's decode allocating destination pages), and verifies what arrives.
 
+Prefill pods (``prefills``): the configured bootstrap address, and in sidecar mode every address the
+engine names for a room (sglang's router picks a prefill per request); each pod's ranks are paired as
+below, once per prefill rank however many addresses name it.
+
 Peer lifecycle per prefill rank: ``registering`` (registration sent, resent until answered) →
 ``paired`` (``Hello``, manifest checked here too) or ``refused`` (``Refused``: the prefill's exact
 reason lands in our logs, metrics and ``/status``). A paired rank that misses ``heartbeat_misses``
@@ -14,10 +18,12 @@ PDPair key for the prefill instance the topology names; only a ``Hello`` or ``Re
 the pairing key derived from it counts, and from then on only messages sealed by that pairing (a
 spoofed ``Refused``, status or heartbeat changes nothing: it is counted and dropped).
 
-Rooms: allocate destination items → metadata to each prefill rank this rank needs (TP fan-in/out) →
-Success from all of them → verify every byte per component → free. Failed rooms send ``Abort`` and
-quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a later
-room.
+Rooms: the source (``agent.sources``: the synthetic engine's rate; ``localapi.sources``: the serving
+engine's ``Expect``) gives destination items → ``open_room``: metadata to each prefill rank this rank
+needs (TP fan-in/out) → each status is an event of the room's state machine (``room.lifecycle``) →
+Success from all of them → verify (or account) every component → free. Failed rooms send ``Abort``
+and quarantine their items for one timeout, so a late write from a frozen prefill cannot corrupt a
+later room. The worker performs the machine's actions (``perform``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,7 +41,6 @@ from ..codec import (
     Abort,
     Heartbeat,
     Hello,
-    KVPoll,
     Refused,
     Registration,
     TransferMetadata,
@@ -51,13 +55,15 @@ from ..codec import (
 from ..codec.auth import lane_token, new_nonce, offer_digest, pair_id, prove_registration
 from ..codec.control import Staged
 from ..errors import IncompatiblePeer, PDPairError
-from .bootstrap import Topology, fetch_topology
-from .control import tcp
+from ..room import SENT, Act, Actions, DecodeRecord, Items, Room, Status
+from .bootstrap import Topology
+from .control_sockets import tcp
 from .liveness import Heartbeats
-from .peerauth import Pairing, Pending
-from .roles import RoleWorker, Sources, refusal_reason_label
+from .peerauth import Pending
+from .prefills import PrefillPeer, PrefillPod, PrefillTable, plan_ranks
+from .roles import IDLE_WAIT, RoleWorker, refusal_reason_label
+from .sources import DecodeSource, SyntheticDecodeSource
 from .staged_roles import DecodeStaging
-from .synthetic import items_for_tokens
 
 log = logging.getLogger("pdpair.agent.decode")
 
@@ -69,29 +75,7 @@ PROOF_REFRESH = 60.0
 (prefill accepts a proof for ``codec.auth.PROOF_WINDOW_NS``)."""
 
 
-@dataclass(eq=False)
-class PrefillPeer:
-    rank: int
-    label: str
-    address: str
-    agent: str
-    instance: str
-    host: str
-    state: str = "registering"
-    last_seen: float = 0.0
-    last_register: float = 0.0
-    auth: Pairing | None = None
-    """The authenticated pairing (None: none yet, or a plain peer)."""
-    attempt: list[bytes] | None = None
-    """The registration attempt's frames, proof included (resent as they are until answered)."""
-    attempt_time: float = 0.0
-
-
-@dataclass(eq=False)
-class DecodeRoom:
-    dst: Sources
-    ranks: set[int]
-    sent: float = field(default_factory=time.perf_counter)
+DecodeRoom = Room[DecodeRecord[PrefillPeer]]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -99,21 +83,18 @@ class DecodeWorker(RoleWorker):
     role = "decode"
 
     def setup(self) -> None:
-        self.peers: dict[int, PrefillPeer] = {}
-        self.pushers.keep = self.is_peer  # the prefill ranks' sockets are never evicted
         self.http_key = self.cfg.auth.read_key()
         """Signs the bootstrap queries (the full ``/topology`` is for key holders)."""
-        self.required: list[int] = []
-        self._topology: Topology | None = None
-        self._topology_error = ""
-        self._topology_lock = threading.Lock()
-        self._seen_topology: Topology | None = None
+        peer = self.cfg.peer
+        self.prefills = PrefillTable(
+            peer.bootstrap_host, peer.bootstrap_port, peer.max_prefills, self.http_key, self.timeout
+        )
+        self.pushers.keep = self.is_peer  # the prefill ranks' sockets are never evicted
         base = self.cfg.synthetic.room_base
-        self._room_base = random.getrandbits(40) << 20 if base is None else base
+        self.room_base = random.getrandbits(40) << 20 if base is None else base
         self.made = self.completed = self.succeeded = self.verify_failures = 0
-        self._next_request = 0.0
         self._last_tick = 0.0
-        self._quarantine: list[tuple[float, Sources]] = []
+        self._quarantine: list[tuple[float, Items]] = []
         self._reg_frames = self.registration_frames()
         tr = self.cfg.transfer
         self.me = me = tcp(self.cfg.listen.host, self.inbox.port)
@@ -123,6 +104,8 @@ class DecodeWorker(RoleWorker):
             if self.staging is not None
             else None
         )
+        self.source: DecodeSource = self.given_source or SyntheticDecodeSource()
+        self.source.attach(self)
 
     def registration_frames(self) -> list[bytes]:
         sch, blobs = self.schema, self.blobs
@@ -156,66 +139,76 @@ class DecodeWorker(RoleWorker):
         threading.Thread(target=self._watch, args=(stop,), name="pdpair-bootstrap-watch", daemon=True).start()
 
     def _watch(self, stop: threading.Event) -> None:
-        """Read the bootstrap topology once a heartbeat interval — ``WATCH_SOON`` as often while it
-        cannot be read (prefill between two instances): a replacement is found soon after it is up."""
+        """Read each prefill pod's topology once a heartbeat interval — ``WATCH_SOON`` as often while
+        it cannot be read (prefill between two instances): a replacement is found soon after it is up,
+        and a pod the engine just named is read within ``WATCH_SOON`` of an interval."""
         interval = self.cfg.transfer.heartbeat_interval_seconds
         while not stop.is_set():
-            wait = interval
-            try:
-                topo = fetch_topology(
-                    self.cfg.peer.bootstrap_host, self.cfg.peer.bootstrap_port, timeout=interval,
-                    key=self.http_key,
-                )
-                with self._topology_lock:
-                    self._topology, self._topology_error = topo, ""
-            except (OSError, PDPairError) as exc:
-                with self._topology_lock:
-                    self._topology_error = f"{type(exc).__name__}: {exc}"
-                wait = interval * WATCH_SOON
-            stop.wait(wait)
+            self.prefills.refresh(time.monotonic(), interval, interval * WATCH_SOON)
+            stop.wait(interval * WATCH_SOON)
 
-    def on_topology(self, topo: Topology, now: float) -> None:
+    @property
+    def peers(self) -> dict[int, PrefillPeer]:
+        """The configured prefill's ranks this decode rank needs, by rank."""
+        return self.prefills.configured.ranks
+
+    @property
+    def required(self) -> list[int]:
+        return self.prefills.configured.required
+
+    def on_topologies(self, now: float) -> None:
+        """Apply the watch thread's reads; a pod that could not be read before it ever paired fails
+        (``PrefillPod.failed``: its waiting rooms fail with the reason) and is forgotten. Drop the
+        peers no pod names any more."""
+        for pod, topo, error in self.prefills.results():
+            if topo is not None:
+                self.on_topology(pod, topo, now)
+            elif not pod.configured and pod.applied is None:
+                pod.failed = f"prefill {pod.address} cannot be paired: {error}"
+                log.warning("%s", pod.failed)
+                self.prefills.forget(pod)
+        for peer, reason in self.prefills.take_released():
+            self.drop_peer(peer, reason)
+
+    def on_topology(self, pod: PrefillPod, topo: Topology, now: float) -> None:
         if not topo.complete:
             return
-        ptp, dtp, d = topo.tp_size, self.schema.tp_size, self.schema.tp_rank
-        self.required = (
-            [d // (dtp // ptp)] if dtp >= ptp else list(range(d * (ptp // dtp), (d + 1) * (ptp // dtp)))
-        )
-        self._info_num = dtp // ptp if dtp > ptp else 1
-        for r in self.required:
-            info = topo.rank(r)
-            known = self.peers.get(r)
-            if known is not None and known.instance == info.instance:
-                continue
-            if known is not None:
-                self.lose(known, f"prefill rank {r} replaced (instance {known.instance} → {info.instance})")
-                self.pushers.forget(known.address)
-                self.auth.remove(known.address)
-            self.peers[r] = PrefillPeer(
-                r,
-                f"prefill-{r}@{info.host}",
-                tcp(info.host, info.control_port),
-                info.agent,
-                info.instance,
-                info.host,
-            )
+        required, pod.info_num = plan_ranks(topo.tp_size, self.schema.tp_size, self.schema.tp_rank)
+        for peer, reason in self.prefills.place(pod, topo, required):
+            self.drop_peer(peer, reason)
+
+    def drop_peer(self, peer: PrefillPeer, reason: str) -> None:
+        self.lose(peer, reason)
+        self.pushers.forget(peer.address)
+        self.auth.remove(peer.address)
 
     def is_peer(self, address: str) -> bool:
-        """``address`` is one of the prefill ranks this decode pairs with (from the topology)."""
-        return any(p.address == address for p in self.peers.values())
+        """``address`` is one of the prefill ranks this decode pairs with (from the topologies)."""
+        return address in self.prefills.peers
 
     def lose(self, peer: PrefillPeer, reason: str) -> None:
         """The peer is gone: fail its rooms now, mark it down."""
         log.warning("%s", reason)
         peer.state, peer.attempt = "down", None
-        for room in self.rooms.fail_peer(peer.label, reason):
-            self.finish(room, KVPoll.Failed)
+        for room, actions in self.rooms.fail_peer(peer.label, reason, time.monotonic()):
+            self.perform(room, actions)
         self.metrics.peer_down(peer.label)
         self.status.peer_down(peer.label, reason)
 
     # ---- control messages ---------------------------------------------------------------------
     def _peer_of(self, agent: str) -> PrefillPeer | None:
-        return next((p for p in self.peers.values() if p.agent == agent), None)
+        return next((p for p in self.prefills.peers.values() if p.agent == agent), None)
+
+    def _status_peer(self, room: Any, rank: int) -> PrefillPeer | None:
+        """Who a status of ``room`` from prefill ``rank`` must come from: the room's peer of that rank;
+        for a room not (or no longer) here, the peer whose pairing sealed it (a plain peer: the
+        configured pod's rank)."""
+        if room is not None:
+            return room.record.prefill.get(rank)
+        sender = self.sender
+        if sender is not None:
+            return self.prefills.peers.get(sender.address)
+        return self.peers.get(rank)
 
     def on_control(self, frames: list[bytes]) -> None:
         msg = decode_control(frames[0])
@@ -259,8 +252,9 @@ class DecodeWorker(RoleWorker):
         sender = self.sender
         if sender is not None and sender.fresh:
             if peer.auth is not None:  # prefill re-paired: what the old pairing had under way is void there
-                for room in self.rooms.fail_peer(peer.label, f"prefill {peer.label} re-paired"):
-                    self.finish(room, KVPoll.Failed, notify=False)
+                why = f"prefill {peer.label} re-paired"
+                for room, actions in self.rooms.fail_peer(peer.label, why, now, notify=False):
+                    self.perform(room, actions)
             self.auth.add(sender)
             peer.auth = sender
         peer.state, peer.last_seen, peer.attempt = "paired", now, None
@@ -269,38 +263,32 @@ class DecodeWorker(RoleWorker):
             self.lanes.dial(peer.address, peer.host, msg.lane_port, token, self.me)
         self.paired(peer.label, peer.instance)
 
-    def on_sglang(self, frames: list[bytes]) -> None:
+    def on_status(self, frames: list[bytes]) -> None:
         st = decode_status(frames)
-        peer = self.peers.get(st.prefill_rank)
+        room = self.rooms.get(st.room)
+        peer = self._status_peer(room, st.prefill_rank)
         what = f"status of room {st.room} from prefill rank {st.prefill_rank}"
         if not self.auth.admit(self.sender, peer.auth if peer else None, peer is not None, what):
             return
         assert peer is not None
         if peer.state == "paired":
             peer.last_seen = time.monotonic()
-        room = self.rooms.get(st.room)
         if room is None:
             return
-        if st.status == KVPoll.Failed:
-            reason = f"prefill rank {st.prefill_rank}: {st.failure_reason or 'failed'}"
-            self.finish(self.rooms.fail(st.room, reason), KVPoll.Failed, notify=False)
-        elif st.status == KVPoll.Success:
-            room.data.ranks.discard(st.prefill_rank)
-            if not room.data.ranks:
-                self.finish(self.rooms.advance(st.room, KVPoll.Success), KVPoll.Success)
-        else:
-            self.rooms.advance(st.room, st.status)
+        got = time.perf_counter() if self.tracing else 0.0
+        event = Status(st.prefill_rank, st.status, st.failure_reason or "")
+        room, actions = self.rooms.handle(st.room, event, time.monotonic())
+        self.perform(room, actions)
+        if self.tracing:
+            self.tracer.mark(st.room, "D1", got)
+            self.tracer.mark(st.room, "D2")
 
     # ---- periodic work ------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        with self._topology_lock:
-            topo = self._topology
-        if topo is not None and topo is not self._seen_topology:
-            self._seen_topology = topo
-            self.on_topology(topo, now)
+        self.on_topologies(now)
         beat = self.beats.due(now)
         stalled, self._last_tick = (now - self._last_tick if self._last_tick else 0.0), now
-        for peer in self.peers.values():
+        for peer in list(self.prefills.peers.values()):
             if peer.state == "paired" and stalled > self.beats.limit:
                 # This worker sent no beat for longer than prefill waits for one (the process was frozen):
                 # prefill has dropped the pairing and ignores it, whatever beats it left queued here say.
@@ -317,7 +305,11 @@ class DecodeWorker(RoleWorker):
                 self.pushers.send(peer.address, self.attempt(peer, offer, now), unsealed=True)
         while self._quarantine and self._quarantine[0][0] <= now:
             self.release(self._quarantine.pop(0)[1])
-        self.generate(now)
+        self.source.generate(now)
+        self.source.flush(now)
+
+    def idle_wait(self) -> float:
+        return self.source.idle_wait(IDLE_WAIT)
 
     def attempt(self, peer: PrefillPeer, offer: bytes | None, now: float) -> list[bytes]:
         """The registration to send ``peer``: the same frames while an attempt is unanswered (prefill
@@ -341,7 +333,7 @@ class DecodeWorker(RoleWorker):
     def offer_landing(self, peer: PrefillPeer) -> bytes | None:
         """Just before the registration, on the same socket: the landing buffer for ``peer``'s rank
         (the frame sent, which the registration's proof names)."""
-        if self.staged is not None and peer.rank in self.required:
+        if self.staged is not None and self.peers.get(peer.rank) is peer:  # the configured pod's only
             frame = self.staged.offer(self.required.index(peer.rank), peer.address)
             if frame is not None:
                 self.pushers.send(peer.address, [frame], unsealed=True)
@@ -352,59 +344,29 @@ class DecodeWorker(RoleWorker):
         """A staged piece landed: scatter it (its ack follows from ``poll_transfers``); a notice this
         side refuses fails its room, and decode's Abort tells prefill."""
         assert self.staged is not None
-        j = self.required.index(peer.rank) if peer.rank in self.required else -1
+        j = self.required.index(peer.rank) if self.peers.get(peer.rank) is peer else -1
         refused = self.staged.on_message(j, msg, self.rooms.__contains__, peer.address)
         if refused is not None:
-            self.finish(self.rooms.fail(refused[0], refused[1]), KVPoll.Failed)
+            self.fail(refused[0], refused[1])
 
     def poll_transfers(self) -> int:
         """Finished scatters are acknowledged; returns how many still run (the loop polls them)."""
         return self.staged.step() if self.staged is not None else 0
 
     def ready_to_send(self) -> bool:
-        return bool(self.required) and all(
-            r in self.peers and self.peers[r].state == "paired" for r in self.required
-        )
+        return self.prefills.configured.ready()
 
-    def generate(self, now: float) -> None:
-        with self.pushers.corked():  # the rooms made in one turn leave in one write per lane
-            self._generate(now)
-
-    def _generate(self, now: float) -> None:
-        syn = self.cfg.synthetic
-        while (
-            syn.enabled
-            and self.ready_to_send()
-            and len(self.rooms) < syn.max_inflight
-            and (syn.requests == 0 or self.made < syn.requests)
-            and now >= self._next_request
-            and not self.warming_up()
-        ):
-            if not self.new_room(syn.tokens[self.made % len(syn.tokens)] if syn.tokens else 0):
-                return
-            rate = syn.requests_per_second
-            self._next_request = max(self._next_request + 1 / rate, now - 1.0) if rate > 0 else now
-
-    def warming_up(self) -> bool:
-        """Every warm-up room (``synthetic.warmup``) is made and some are still in flight: the counted
-        rooms wait for them, as a benchmark's raw-engine baseline finishes its warm-up requests before
-        its clock starts — a warm-up room still moving bytes inside the counted window would make the
-        window longer than the bytes counted in it."""
-        warmup = self.cfg.synthetic.warmup
-        return warmup > 0 and self.made == warmup and len(self.rooms) > 0
-
-    def new_room(self, tokens: int) -> bool:
-        counts = items_for_tokens(self.schema, tokens)
-        dst = self.allocate([counts.kv], counts.aux > 0, list(counts.state))
-        if dst is None:
-            return False
-        room_id = self._room_base + self.made
-        self.made += 1
-        first = self.peers[self.required[0]]
-        room = self.rooms.add(
-            room_id, room_id, first.label, self.timeout, DecodeRoom(dst, set(self.required))
-        )
-        kv, aux, state = dst
+    def open_room(
+        self, room_id: int, items: Items, prefix_len: int | None = None, pod: PrefillPod | None = None
+    ) -> None:
+        """A room of ``items`` (from the source): its metadata to every rank of ``pod``, the prefill pod
+        the engine named (None: the configured one) that it needs."""
+        started = time.perf_counter() if self.tracing else 0.0
+        pod = pod or self.prefills.configured
+        first = pod.ranks[pod.required[0]]
+        record = DecodeRecord(items, set(pod.required), prefill=dict(pod.ranks))
+        self.rooms.open(room_id, room_id, first.label, record, now=time.monotonic(), timeout=self.timeout)
+        kv, aux, state = items
         md = TransferMetadata(
             room=room_id,
             endpoint=self.cfg.listen.host,
@@ -413,37 +375,51 @@ class DecodeWorker(RoleWorker):
             dst_kv_indices=kv,
             dst_aux_index=-1 if aux is None else aux,
             dst_state_indices=tuple(np.empty(0, np.int32) if s is None else s for s in state),
-            required_dst_info_num=self._info_num,
+            required_dst_info_num=pod.info_num,
+            decode_prefix_len=prefix_len,
         )
         frames = encode_metadata(md)
-        room.data.sent = time.perf_counter()
-        for r in self.required:
-            self.pushers.send(self.peers[r].address, list(frames))
-        self.rooms.advance(room_id, KVPoll.WaitingForInput)
-        return True
+        record.sent = time.perf_counter()
+        for r in pod.required:
+            self.pushers.send(pod.ranks[r].address, list(frames))
+        room, actions = self.rooms.handle(room_id, SENT, time.monotonic())
+        self.perform(room, actions)
+        if self.tracing:
+            self.tracer.mark(room_id, "D0a", started)
+            self.tracer.mark(room_id, "D0b")
 
-    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
+    def perform(self, room: DecodeRoom | None, actions: Actions) -> None:
         if room is None:
             return
-        try:
-            self._finish(room, state, notify)
-        finally:
-            self.completed += 1
+        rec = room.record
+        for act in actions:
+            match act:
+                case Act.SEND_ABORT:
+                    abort = [encode_control(Abort(room=room.room, reason=room.reason[:512]))]
+                    for r in rec.ranks:
+                        if r in rec.prefill:
+                            self.pushers.send(rec.prefill[r].address, list(abort))
+                case Act.QUARANTINE:
+                    self._quarantine.append((time.monotonic() + self.timeout, rec.items))
+                case Act.COUNT:
+                    try:
+                        self.count_outcome(room)
+                    finally:
+                        self.completed += 1
+                case Act.COMPLETE:
+                    try:
+                        self.complete(room)
+                    finally:
+                        self.completed += 1
+                case Act.REPORT:
+                    self.source.report(room)
 
-    def _finish(self, room: Any, state: KVPoll, notify: bool) -> None:
-        dr: DecodeRoom = room.data
-        if state != KVPoll.Success:
-            if notify:
-                abort = [encode_control(Abort(room=room.room, reason=room.reason[:512]))]
-                for r in dr.ranks:
-                    if r in self.peers:
-                        self.pushers.send(self.peers[r].address, list(abort))
-            self._quarantine.append((time.monotonic() + self.timeout, dr.dst))
-            self.count_outcome(room)
-            return
+    def complete(self, room: DecodeRoom) -> None:
+        """Every prefill rank said Success: account (and verify) the room, free its items."""
+        rec = room.record
         end = time.perf_counter()
-        ok = self.check(room.room, dr, room.peer, end - dr.sent, end)
-        self.release(dr.dst)
+        ok = self.check(room.room, rec, room.peer, end - rec.sent, end)
+        self.release(rec.items)
         if ok:
             self.succeeded += 1
             self.count_outcome(room)
@@ -451,11 +427,13 @@ class DecodeWorker(RoleWorker):
             self.verify_failures += 1
             self.metrics.record_outcome(room.peer, "failed", "verification")
 
-    def check(self, room_id: int, dr: DecodeRoom, peer: str, seconds: float, end: float) -> bool:
+    def check(
+        self, room_id: int, dr: DecodeRecord[PrefillPeer], peer: str, seconds: float, end: float
+    ) -> bool:
         """Account every component of the finished room; verify its bytes when configured. The first
         ``synthetic.warmup`` rooms reach the metrics but not the statistics (``/status``)."""
-        kv, aux, state = dr.dst
-        stats = self.stats if room_id - self._room_base >= self.cfg.synthetic.warmup else None
+        kv, aux, state = dr.items
+        stats = self.stats if room_id - self.room_base >= self.cfg.synthetic.warmup else None
         if not self.cfg.synthetic.verify:
             for name, stype, nbytes in self.engine.sizes(kv, aux, state):
                 self.metrics.record_component(name, stype, peer, nbytes, 0, seconds)
@@ -486,8 +464,7 @@ class DecodeWorker(RoleWorker):
 
     def snapshot(self) -> dict[str, Any]:
         out = super().snapshot()
-        with self._topology_lock:
-            error = self._topology_error
+        error = self.prefills.configured.error
         out["requests"] = {
             "made": self.made,
             "completed": self.completed,
@@ -500,6 +477,7 @@ class DecodeWorker(RoleWorker):
             for r, p in self.peers.items()
         }
         out["bootstrap_error"] = error
+        out["prefill_pods"] = self.prefills.snapshot()
         if self.staged is not None:
             out["staged"] = self.staged.snapshot()
         return out

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from .http import Handler, Reply, Request
 
-log = logging.getLogger("pdpair.agent.health")
+log = logging.getLogger(__name__)
 
 MAX_REFUSALS = 32
 REFUSAL_REPORT_EVERY = 5.0
@@ -44,7 +44,7 @@ def _counts(value: Any) -> Any:
 
 
 def public_status(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """``snapshot`` as a stranger may see it: peers and prefill ranks only as counts by state,
+    """``snapshot`` as a stranger may see it: peers and prefill ranks (and pods) only as counts,
     refusals as counts, lanes and staging peers as counts, failed rooms without their peer and reason;
     no address, label or id."""
     out = {k: v for k, v in snapshot.items() if k not in _PRIVATE}
@@ -61,6 +61,9 @@ def public_status(snapshot: dict[str, Any]) -> dict[str, Any]:
         out["rooms"] = {**rooms, "recent_failures": failed}
     if "prefill" in snapshot:
         out["prefill"] = dict(Counter(p.get("state", "") for p in snapshot["prefill"].values()))
+    if "prefill_pods" in snapshot:
+        pods = snapshot["prefill_pods"].values()
+        out["prefill_pods"] = {"named": len(pods), "ready": sum(bool(p.get("ready")) for p in pods)}
     if "lanes" in snapshot:
         lanes = snapshot["lanes"]
         out["lanes"] = {"up": len(lanes.get("up", ())), "fallbacks": lanes.get("fallbacks", 0)}

@@ -24,9 +24,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import WireFormatError
-from .httpauth import HEADER, Verifier, sign
+from .httpauth import HEADER, REPLY_HEADER, Verifier, reply_holds, sign
 
-log = logging.getLogger("pdpair.agent.http")
+log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 MAX_CONCURRENT = 16
@@ -131,10 +131,15 @@ class AgentHttpServer:
                         return
                     authenticated = True
                 request = Request(method, parts.path, parse_qs(parts.query), body, authenticated)
-                self._send(server.dispatch(request))
+                reply = server.dispatch(request)
+                verifier = server.verifier
+                proof = verifier.reply(header, reply.body) if verifier is not None and header else None
+                self._send(reply, proof)
 
-            def _send(self, reply: Reply) -> None:
+            def _send(self, reply: Reply, proof: str | None = None) -> None:
                 self.send_response(reply.status)
+                if proof is not None:
+                    self.send_header(REPLY_HEADER, proof)
                 self.send_header("Content-Type", reply.content_type)
                 self.send_header("Content-Length", str(len(reply.body)))
                 self.end_headers()
@@ -173,15 +178,24 @@ def _signed(method: str, url: str, body: bytes, key: bytes | None) -> tuple[str,
     return url, {HEADER: sign(key, method, f"{parts.path}?{parts.query}", body)}
 
 
-def get_json(url: str, timeout: float = 2.0, key: bytes | None = None) -> Any:
+def get_json(url: str, timeout: float = 2.0, key: bytes | None = None, proven: bool = False) -> Any:
     """GET ``url`` and decode JSON (the decode side's bootstrap query; tests); ``key``: sign the
-    request with the pairing key (the full ``/status`` and ``/topology``)."""
+    request with the pairing key (the full ``/status`` and ``/topology``); ``proven``: with ``key``,
+    take the answer only if it proves the key too (``httpauth.REPLY_HEADER``), else
+    ``WireFormatError``."""
     import urllib.request
 
     url, headers = _signed("GET", url, b"", key)
     req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return _decode_body(url, resp.read(MAX_BODY * 16))
+        body = resp.read(MAX_BODY * 16)
+        proof = resp.headers.get(REPLY_HEADER)
+        if proven and key is not None and not reply_holds(key, headers[HEADER], body, proof):
+            raise WireFormatError(
+                f"{url.partition('?')[0]}: the answer does not prove the PDPair's pairing key "
+                f"({REPLY_HEADER} missing or wrong): not this PDPair's agent"
+            )
+        return _decode_body(url, body)
 
 
 def put_json(url: str, value: Any, timeout: float = 2.0, key: bytes | None = None) -> Any:

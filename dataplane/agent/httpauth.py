@@ -10,6 +10,11 @@ cannot fill it) and forgets them once they are out of the window; it is bounded 
 
 Used for ``PUT /ranks`` (a rank's announcement) and for the full ``/status`` and ``/topology``; without
 a valid header those endpoints answer only what a stranger may know.
+
+The answer to a signed request proves the key too: ``X-PDPair-Reply: <hex HMAC-SHA256(key, "reply" \n
+request MAC \n hex(sha256(body)))>``, bound to that one request. Decode reads a prefill's ``/topology``
+only with it (``reply_holds``): an address that is not the PDPair's prefill cannot hand decode control
+addresses to register with.
 """
 
 from __future__ import annotations
@@ -39,6 +44,22 @@ def sign(key: bytes, method: str, path: str, body: bytes = b"", now: float | Non
     return f"{seconds}:{_mac(key, method, path, seconds, body)}"
 
 
+REPLY_HEADER = "X-PDPair-Reply"
+
+
+def reply_mac(key: bytes, request_header: str, body: bytes) -> str:
+    """The ``X-PDPair-Reply`` value answering the request signed ``request_header`` with ``body``."""
+    mac = request_header.rpartition(":")[2]
+    message = f"reply\n{mac}\n{hashlib.sha256(body).hexdigest()}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def reply_holds(key: bytes, request_header: str, body: bytes, reply_header: str | None) -> bool:
+    return reply_header is not None and hmac.compare_digest(
+        reply_header.encode(), reply_mac(key, request_header, body).encode()
+    )
+
+
 class Verifier:
     """Checks ``X-PDPair-Auth`` headers against one key (thread-safe: the HTTP server's threads share it)."""
 
@@ -46,6 +67,10 @@ class Verifier:
         self._key, self.window, self.max_remembered = key, window, max_remembered
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def reply(self, request_header: str, body: bytes) -> str:
+        """The ``X-PDPair-Reply`` for the answer to a request this verifier accepted."""
+        return reply_mac(self._key, request_header, body)
 
     def check(self, method: str, path: str, body: bytes, header: str, now: float | None = None) -> str:
         """'' when the header proves the key for this request, else why not (one line, for the reply)."""

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-log = logging.getLogger("pdpair.agent.lanes")
+log = logging.getLogger(__name__)
 
 LANE_HELLO = b"PDPAIR-LANE-1"
 MAX_FRAMES = 64

@@ -167,7 +167,7 @@ class AgentMetrics:
         )
         self.verified_bytes = Counter(
             PREFIX + "verified_bytes",
-            "Received bytes checked against the synthetic engine, by result.",
+            "Received bytes checked against the synthetic content, by result.",
             ("component", "state_type", "role", "result"),
             registry=r,
         )
@@ -188,7 +188,7 @@ class AgentMetrics:
             PREFIX + "handshakes", "Successful handshakes.", ("role", "peer"), registry=r
         )
         self.engine_errors = Counter(
-            PREFIX + "engine_errors", "Transfer-engine errors, by kind.", ("role", "kind"), registry=r
+            PREFIX + "engine_errors", "Transport errors, by kind.", ("role", "kind"), registry=r
         )
         self.rejected = Counter(
             PREFIX + "rejected_messages",

@@ -30,7 +30,7 @@ from ..codec.auth import (
 )
 from ..codec.auth import is_sealed as _is_sealed
 
-log = logging.getLogger("pdpair.agent.auth")
+log = logging.getLogger(__name__)
 
 LOG_EVERY = 10.0
 """Seconds between two log lines for refusals of one reason (the rest are counted)."""

@@ -38,7 +38,7 @@ from .metrics import CONTENT_TYPE
 from .podhealth import PodConditions, RankedFamilies
 from .runtime import AgentRuntime
 
-log = logging.getLogger("pdpair.agent.pod")
+log = logging.getLogger(__name__)
 
 
 class PodAgent:
@@ -229,7 +229,7 @@ def start_in_process(
     cfg: AgentConfig, ranks: Sequence[int], *, reporter: ConditionReporter | None = None,
     wrap_transport: Callable[[Any], Any] | None = None, transport_sdk: ModuleType | None = None,
 ) -> PodAgent:
-    """The pod with its own synthetic engine: one runtime per rank, each started and attached
+    """The pod with its own synthetic source: one runtime per rank, each started and attached
     (``transport_sdk``: as ``AgentRuntime``'s, e.g. the MoRI hardware test double)."""
     pod = PodAgent(cfg, ranks, reporter=reporter).start()  # the pod's ports first: a taken one stops here
     bases, group = group_room_bases(cfg), cfg.tp_size // cfg.dp_size

@@ -17,7 +17,7 @@ from prometheus_client.metrics_core import Metric
 from .health import ConditionReporter
 from .metrics import AgentMetrics
 
-log = logging.getLogger("pdpair.agent.pod")
+log = logging.getLogger(__name__)
 RANK_LABEL = "tp_rank"
 
 

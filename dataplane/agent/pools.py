@@ -6,7 +6,7 @@ tensors, in canonical order) — numpy host memory by default, torch CUDA tensor
 owns. The pools hand the transport ``MemoryRegion`` records in the same canonical order, so region ids
 mean the same thing to the planner, the transport and the wire.
 
-Reads and writes of whole items go through ``read_items`` / ``write_items`` so the synthetic engine and
+Reads and writes of whole items go through ``read_items`` / ``write_items`` so the synthetic source and
 verification work the same on host and device memory.
 """
 

@@ -12,11 +12,15 @@ unless ``auth.allowPlainPeers``, and never displaces an authenticated pairing) �
 and the same reason in logs, metrics and ``/status``) → ``transport.connect`` → ``PeerLayout`` +
 prepared pairing → ``Hello`` back as the acceptance, sealed with the pairing's key (``peerauth``).
 A message that fails authentication, or names a decode that is not registered, gets no answer.
-Per room (``TransferMetadata``): allocate source items → synthetic "forward" fills them (on the
-``ForwardThread`` when verifying; skipped, inline, when not) → ``plan_request`` → one write per
-component (``requests.transfer_requests``: one engine request for a small room; the small rooms that
-start in one turn of the loop share one, ``begin_coalescing``) → status Success / Failed to decode. A large
-write's copy goes to the transport's posting thread when other rooms wait (``busy``). With the staged
+Per room (``TransferMetadata``): the room opens in the state machine (``room.lifecycle``) → its
+source gives the source items (``agent.sources``: the synthetic engine fills them, on the forward
+thread when verifying; ``localapi.sources``: the serving engine's ``Send``) → ``Begin`` →
+``plan_request`` → one write per component (``requests.transfer_requests``: one engine request for a
+small room; the small rooms that start in one turn of the loop share one, ``begin_coalescing``) →
+``WritesDone`` or ``Fail`` → the machine's actions: status Success / Failed to decode, items freed,
+the source told. The worker performs the actions (``perform``); no room state lives outside the
+table's records. A large write's copy goes to the transport's posting thread when other rooms wait
+(``busy``). With the staged
 path on (``agent/staged.py``), a decode that offered a landing buffer gets its small-write components
 gathered, written per slot and scattered, and Success waits for decode's last acknowledgement.
 """
@@ -27,7 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -64,13 +68,26 @@ from ..codec.auth import lane_token as derive_lane_token
 from ..codec.control import Staged, StagedOffer
 from ..errors import BadInput, IncompatiblePeer, PDPairError, PeerGone, TransferFailed
 from ..planner import PeerLayout, RequestIndices, WritePlan, pairing_for, plan_request
+from ..room import (
+    WRITES_DONE,
+    Act,
+    Actions,
+    Begin,
+    Event,
+    InFlight,
+    Items,
+    Part,
+    PrefillRecord,
+    Room,
+    StagedPart,
+)
 from ..transports import Peer, Transfer, TransferState, Writes
-from .control import tcp
-from .forward import ForwardThread
+from .control_sockets import tcp
 from .liveness import Heartbeats
 from .peerauth import Pairing
-from .requests import Part, transfer_requests
-from .roles import RoleWorker, refusal_reason_label
+from .requests import transfer_requests
+from .roles import IDLE_WAIT, RoleWorker, refusal_reason_label
+from .sources import PrefillSource, SyntheticPrefillSource
 from .staged_roles import PrefillStaging
 
 log = logging.getLogger("pdpair.agent.prefill")
@@ -93,15 +110,16 @@ class DecodePeer:
     """The authenticated pairing (None: a plain sglang peer, admitted by ``auth.allowPlainPeers``)."""
 
 
-@dataclass(eq=False)
-class PrefillRoom:
-    decode: DecodePeer
-    src: tuple[np.ndarray, int | None, list[np.ndarray | None]]
-    pending: list[tuple[Transfer, float, float, list[Part]]] = field(default_factory=list)
-    """(transfer, start, when ``write`` returned, what it carries of each component) per engine
-    request in flight."""
-    staged: tuple[float, WritePlan] | None = None
-    """(start, the part of the plan on the staged path) until decode acknowledged its last piece."""
+PrefillRoom = Room[PrefillRecord[DecodePeer, TransferMetadata, Transfer]]
+
+
+class Waiting(NamedTuple):
+    """A small room waiting to share an engine request with the other rooms of its turn."""
+
+    room: PrefillRoom
+    parts: list[Part]
+    writes: Writes
+    start: float
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -117,11 +135,10 @@ class PrefillWorker(RoleWorker):
     def setup(self) -> None:
         self.peers: dict[str, DecodePeer] = {}
         self.pushers.keep = self.peers.__contains__  # paired decodes' sockets are never evicted
-        self.forward = ForwardThread(self._fill, self.inbox.waker())
         tr = self.cfg.transfer
         self.beats = Heartbeats(self.agent_id, tr.heartbeat_interval_seconds, tr.heartbeat_misses)
         self.coalesce_bytes = tr.coalesce_bytes
-        self._coalescing: dict[str, list[tuple[Any, list[Part], Any, float]]] | None = None
+        self._coalescing: dict[str, list[Waiting]] | None = None
         """While coalescing (``begin_coalescing``): rooms waiting to be posted together, by decode address."""
         self.coalesced_requests = self.coalesced_rooms = 0
         self.staged = (
@@ -129,19 +146,14 @@ class PrefillWorker(RoleWorker):
             if self.staging is not None
             else None
         )
+        self.source: PrefillSource = self.given_source or SyntheticPrefillSource()
+        self.source.attach(self)
 
     def start(self, stop: threading.Event) -> None:
         super().start(stop)
-        if self.cfg.synthetic.verify:
-            self.forward.start(stop)
+        self.source.start(stop)
 
     # ---- registration -------------------------------------------------------------------
-    def on_sglang(self, frames: list[bytes]) -> None:
-        if len(frames) > 1 and frames[1] == b"None":
-            self.on_registration(frames)
-        else:
-            self.on_metadata(frames)
-
     def on_registration(self, frames: list[bytes]) -> None:
         body, proof_frame = split_proof(frames)
         try:
@@ -313,7 +325,7 @@ class PrefillWorker(RoleWorker):
         wait for its deadline) nor mark the paired label down."""
         why = f"{reason}: {dp.label}"
         for room in [r for r in self.rooms.live() if r.key == (dp.address, r.room)]:
-            self.finish(self.rooms.fail(room.key, why), KVPoll.Failed, notify=notify)
+            self.fail(room.key, why, notify=notify)
         try:
             self.transport.disconnect(dp.peer)
         except TransferFailed as exc:
@@ -347,85 +359,121 @@ class PrefillWorker(RoleWorker):
             return  # nothing answers a stranger; a decode prefill dropped re-registers when our beats stop
         assert dp is not None
         dp.last_seen = time.monotonic()
+        if self.tracing:
+            self.tracer.mark(md.room, "Pw", self.woke)
+            self.tracer.mark(md.room, "P0")
         try:
-            self.start_room(dp, md)
+            self.open_room(dp, md)
         except PDPairError as exc:
             self.send_status(dp.address, md.room, KVPoll.Failed, str(exc))
             self.metrics.record_outcome(dp.label, "failed", "plan")
 
-    def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
-        """Register the room; fill its sources on the forward thread (verifying) or start at once."""
-        key = (dp.address, md.room)
-        self.rooms.add(key, md.room, dp.label, self.timeout, state=KVPoll.WaitingForInput)
-        if self.cfg.synthetic.verify:
-            self.forward.submit((key, dp, md))
-        else:
-            self.launch(key, dp, md, self._allocate(md))
-
-    def _allocate(self, md: TransferMetadata) -> Any:
-        counts = [len(s) for s in md.dst_state_indices]
-        with self.pool_lock:
-            return self.allocate([len(md.dst_kv_indices)], md.dst_aux_index >= 0, counts)
-
-    def _fill(self, item: Any) -> Any:
-        """The forward thread's job: allocate and fill one room's sources."""
-        key, dp, md = item
-        src = self._allocate(md)
-        if src is not None:
-            self.engine.fill(md.room, *src)
-        return key, dp, md, src
-
-    def start_writes(self) -> None:
-        """Rooms the forward thread has filled: plan and start their writes."""
-        filled = self.forward.done()
-        with self.together(len(filled)):
-            for key, dp, md, src in filled:
-                self.launch(key, dp, md, src)
-
-    def launch(self, key: Any, dp: DecodePeer, md: TransferMetadata, src: Any) -> None:
-        room = self.rooms.get(key)
-        if src is None:
-            self.finish(self.rooms.fail(key, "prefill pools exhausted"), KVPoll.Failed)
-        elif room is None:
-            with self.pool_lock:
-                self.release(src)
-        else:
-            try:
-                self.write_room(room, dp, md, src)
-            except PDPairError as exc:
-                self.finish(self.rooms.fail(key, f"plan: {exc}"), KVPoll.Failed)
-
-    def write_room(self, room: Any, dp: DecodePeer, md: TransferMetadata, src: Any) -> None:
-        key = room.key
-        room.data = PrefillRoom(dp, src)
-        kv, aux, state = src
-        dst_state = list(md.dst_state_indices)
-        req = RequestIndices(
-            kv, md.dst_kv_indices, aux, md.dst_aux_index if aux is not None else None, state, dst_state
+    def open_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
+        """Open the room (its metadata is in: WaitingForInput); its source gives its items."""
+        record: PrefillRecord[DecodePeer, TransferMetadata, Transfer] = PrefillRecord(dp, md)
+        room = self.rooms.open(
+            (dp.address, md.room), md.room, dp.label, record, now=time.monotonic(), timeout=self.timeout,
+            state=KVPoll.WaitingForInput,
         )
+        self.source.opened(room, md)
+
+    def begin(self, key: Any, items: Items) -> None:
+        """The room's source items are ready: plan and post its writes (items that come after the
+        room ended go back)."""
+        room, actions = self.rooms.handle(key, Begin(items), time.monotonic())
+        if room is None:
+            if actions:
+                with self.pool_lock:
+                    self.release(items)
+            return
+        try:
+            self.perform(room, actions)
+        except PDPairError as exc:
+            self.fail(key, f"plan: {exc}")
+
+    def settle(self, room: PrefillRoom, event: Event) -> None:
+        found, actions = self.rooms.handle(room.key, event, time.monotonic())
+        self.perform(found, actions)
+
+    def perform(self, room: PrefillRoom | None, actions: Actions) -> None:
+        if room is None:
+            return
+        rec = room.record
+        traced = self.tracing and room.done
+        if traced:
+            self.tracer.mark(room.room, "P2")
+        for act in actions:
+            match act:
+                case Act.POST:
+                    self.post(room)
+                case Act.REPORT:
+                    self.source.report(room)
+                case Act.RELEASE_WRITES:
+                    for inflight in rec.pending:
+                        self.transport.release(inflight.transfer)  # a shared request runs on for the others
+                    rec.pending.clear()
+                    if rec.staged is not None and self.staged is not None:
+                        self.staged.drop(room.key[0], room.room)  # type: ignore[index]
+                case Act.SEND_STATUS:
+                    reason = room.reason if room.state == KVPoll.Failed else ""
+                    self.send_status(rec.decode.address, room.room, room.state, reason)
+                case Act.FREE:
+                    if rec.items is not None:
+                        with self.pool_lock:
+                            self.release(rec.items)
+                case Act.COUNT:
+                    self.count_outcome(room)
+        if traced:
+            self.tracer.mark(room.room, "P3")
+
+    def post(self, room: PrefillRoom) -> None:
+        """Plan the room from its items and post its writes (or queue them to share a request)."""
+        rec = room.record
+        dp, md, items = rec.decode, rec.metadata, rec.items
+        assert items is not None
+        kv, aux, state = items
+        req = RequestIndices(
+            kv, md.dst_kv_indices, aux, md.dst_aux_index if aux is not None else None, state,
+            list(md.dst_state_indices),
+        )
+        tracing = self.tracing
+        if tracing:
+            self.tracer.mark(room.room, "Qa")
         plan = plan_request(self.schema, dp.layout, req, pairing=dp.pairing)
+        if tracing:
+            self.tracer.mark(room.room, "Qb")
         if plan.repeat is not None and (self.staged is not None or not self.transport.takes_strided):
             plan = plan.expanded()  # strided rows only for an engine that takes them, never staged
-        self.rooms.advance(key, KVPoll.Transferring)
         if len(plan) == 0:
-            self.finish(self.rooms.advance(key, KVPoll.Success), KVPoll.Success)
+            self.settle(room, WRITES_DONE)
             return
         if self.staged is not None:
             plan, staged = self.staged.route(dp.address, room.room, plan)
             if len(staged):
-                room.data.staged = (time.perf_counter(), staged)
+                rec.staged = StagedPart(time.perf_counter(), staged)
             if len(plan) == 0:
                 return  # every component staged
+        if tracing:
+            self.tracer.mark(room.room, "Ra")
         requests = transfer_requests(plan, self.transport.one_request_rows)
+        if tracing:
+            self.tracer.mark(room.room, "Rb")
         small = len(requests) == 1 and requests[0][1].nbytes <= self.coalesce_bytes
         if self._coalescing is not None and small:
-            self._coalescing.setdefault(dp.address, []).append((room, *requests[0], time.perf_counter()))
+            parts, writes = requests[0]
+            waiting = Waiting(room, parts, writes, time.perf_counter())
+            self._coalescing.setdefault(dp.address, []).append(waiting)
             return  # posted with the other rooms of this turn when ``end_coalescing`` runs
         for parts, writes in requests:
             start = time.perf_counter()
+            if tracing:
+                self.tracer.mark(room.room, "Wa", start)
             transfer = self.transport.write(dp.peer, writes, overlap=self.busy())
-            room.data.pending.append((transfer, start, time.perf_counter(), parts))
-        self.advance(room)  # writes an engine completes while posting: Success goes out now
+            posted = time.perf_counter()
+            if tracing:
+                self.tracer.mark(room.room, "Wb", posted)
+            rec.pending.append(InFlight(transfer, start, posted, parts))
+        self.poll_room(room)  # writes an engine completes while posting: Success goes out now
 
     def begin_coalescing(self) -> bool:
         """Small rooms started from now wait; ``end_coalescing`` gives each decode's one engine request."""
@@ -439,100 +487,103 @@ class PrefillWorker(RoleWorker):
         for waiting in waiting_by_decode.values():
             self.post_together_safely(waiting)
 
-    def post_together_safely(self, waiting: list[tuple[Any, list[Part], Any, float]]) -> None:
+    def post_together_safely(self, waiting: list[Waiting]) -> None:
         """``post_together`` outside ``dispatch``'s guard: a bug fails these rooms, not the worker."""
         try:
             self.post_together(waiting)
         except Exception:
             log.exception("prefill: error posting %d rooms together", len(waiting))
             self.metrics.record_engine_error("internal")
-            for room, *_ in waiting:
-                key = room.key
-                if self.rooms.get(key) is room:
-                    self.finish(self.rooms.fail(key, "internal error posting the room"), KVPoll.Failed)
+            for w in waiting:
+                if self.rooms.get(w.room.key) is w.room:
+                    self.fail(w.room.key, "internal error posting the room")
 
-    def post_together(self, waiting: list[tuple[Any, list[Part], Any, float]]) -> None:
+    def post_together(self, waiting: list[Waiting]) -> None:
         """One engine request for rooms to one decode; a request the engine refuses as a whole is
         retried room by room, so a bad room fails alone and with its own reason."""
-        live = [w for w in waiting if self.still_writing(w[0])]
+        live = [w for w in waiting if self.still_writing(w.room)]
         transfer = None
         if len(live) > 1:
             try:
-                writes = Writes.concat([w[2] for w in live])
-                transfer = self.transport.write(live[0][0].data.decode.peer, writes, overlap=self.busy())
+                writes = Writes.concat([w.writes for w in live])
+                transfer = self.transport.write(live[0].room.record.decode.peer, writes, overlap=self.busy())
             except PDPairError:
                 transfer = None
         if transfer is None:
-            for room, parts, writes, start in live:
-                self.post_one(room, parts, writes, start)
+            for w in live:
+                self.post_one(w)
             return
         posted = time.perf_counter()
         transfer.holders = len(live)
         self.coalesced_requests += 1
         self.coalesced_rooms += len(live)
-        for room, parts, _, start in live:
-            room.data.pending.append((transfer, start, posted, parts))
-        for room, *_ in live:
-            self.advance(room)
+        for w in live:
+            w.room.record.pending.append(InFlight(transfer, w.start, posted, w.parts))
+        for w in live:
+            self.poll_room(w.room)
 
     def busy(self) -> bool:
         """Other rooms wait for this worker (more messages this turn, or other rooms in the table):
         a large write's copy should then run beside their work, not before it."""
         return self.turn > 1 or len(self.rooms) > 1
 
-    def still_writing(self, room: Any) -> bool:
+    def still_writing(self, room: PrefillRoom) -> bool:
         """The room is still in the table and not failed meanwhile (aborted, expired, peer lost)."""
         current = self.rooms.get(room.key)
         return current is room and current.state == KVPoll.Transferring
 
-    def post_one(self, room: Any, parts: list[Part], writes: Any, start: float) -> None:
+    def post_one(self, w: Waiting) -> None:
+        room = w.room
         try:
-            transfer = self.transport.write(room.data.decode.peer, writes, overlap=self.busy())
+            transfer = self.transport.write(room.record.decode.peer, w.writes, overlap=self.busy())
         except PDPairError as exc:
-            self.finish(self.rooms.fail(room.key, f"plan: {exc}"), KVPoll.Failed)
+            self.fail(room.key, f"plan: {exc}")
             return
-        room.data.pending.append((transfer, start, time.perf_counter(), parts))
-        self.advance(room)
+        room.record.pending.append(InFlight(transfer, w.start, time.perf_counter(), w.parts))
+        self.poll_room(room)
 
     def poll_transfers(self) -> int:
         """Advance every in-flight room; returns how many transfers are still running."""
-        self.start_writes()
+        self.source.poll()
         running = self.step_staged() if self.staged is not None else 0
         for room in self.rooms.live():
-            running += self.advance(room)
+            running += self.poll_room(room)
         return running
 
-    def advance(self, room: Any) -> int:
-        """Poll one room's transfers; finish it when all are done. Returns how many still run."""
-        pr: PrefillRoom | None = room.data
-        if pr is None or not (pr.pending or pr.staged):
+    def poll_room(self, room: PrefillRoom) -> int:
+        """Poll one room's transfers; its writes are done when all are. Returns how many still run."""
+        rec = room.record
+        if not (rec.pending or rec.staged):
             return 0
-        done, running, left = [], 0, []
-        for i, (transfer, start, posted, parts) in enumerate(pr.pending):
+        done: list[tuple[InFlight[Transfer], float]] = []
+        running, left = 0, []
+        for i, inflight in enumerate(rec.pending):
+            transfer = inflight.transfer
             if transfer.wakes:  # still queued on the engine's thread, which wakes us once it is posted
-                left.append(pr.pending[i])
+                left.append(inflight)
                 continue
             state = self.transport.poll(transfer)
             if state is TransferState.IN_PROGRESS:
                 running += 1
-                left.append(pr.pending[i])
+                left.append(inflight)
                 continue
             if state is TransferState.FAILED:
-                pr.pending = left + pr.pending[i + 1 :]
+                rec.pending = left + rec.pending[i + 1 :]
                 self.transfer_failed(room.key, transfer.error)
                 break
-            end = time.perf_counter()
-            done += [(comp, nbytes, writes, start, posted, end) for comp, nbytes, writes in parts]
+            done.append((inflight, time.perf_counter()))
         else:
-            pr.pending = left
-        staged = pr.staged
-        if not pr.pending and room.state != KVPoll.Failed and self.staged_done(room.key, staged):
-            pr.staged = None
-            self.finish(self.rooms.advance(room.key, KVPoll.Success), KVPoll.Success)
+            rec.pending = left
+        staged = rec.staged
+        if not rec.pending and room.state != KVPoll.Failed and self.staged_done(room.key, staged):
+            rec.staged = None
+            self.settle(room, WRITES_DONE)
             if staged is not None:
-                self.account_staged(room.peer, *staged)
-        for comp, nbytes, writes, start, posted, end in done:  # after the status frame: off decode's path
-            self.account(comp, room.peer, nbytes, writes, end - start, start, end, post=posted - start)
+                self.account_staged(room.peer, staged.start, staged.plan)
+        for inflight, end in done:  # after the status frame: off decode's path
+            start, post = inflight.start, inflight.posted - inflight.start
+            for comp, nbytes, writes in inflight.parts:
+                self.account(comp, room.peer, nbytes, writes, end - start, start, end, post=post)
         return running
 
     # ---- the staged path (agent/staged.py) ---------------------------------------------------
@@ -541,10 +592,10 @@ class PrefillWorker(RoleWorker):
         assert self.staged is not None
         for address, room_id, exc in self.staged.step():
             self.metrics.record_engine_error("peer_gone" if isinstance(exc, PeerGone) else "staged")
-            self.finish(self.rooms.fail((address, room_id), f"staged transfer failed: {exc}"), KVPoll.Failed)
+            self.fail((address, room_id), f"staged transfer failed: {exc}")
         return self.staged.active
 
-    def staged_done(self, key: Any, staged: Any) -> bool:
+    def staged_done(self, key: Any, staged: StagedPart | None) -> bool:
         """Decode acknowledged every staged piece of the room (true when it had none)."""
         return staged is None or self.staged is None or self.staged.done(key[0], key[1])
 
@@ -558,28 +609,11 @@ class PrefillWorker(RoleWorker):
     def transfer_failed(self, key: Any, error: TransferFailed | None) -> None:
         kind = "peer_gone" if isinstance(error, PeerGone) else "transfer"
         self.metrics.record_engine_error(kind)
-        self.finish(self.rooms.fail(key, f"transfer failed: {error}"), KVPoll.Failed)
-
-    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
-        """A room left the table: abort leftovers, free sources, tell decode, count the outcome."""
-        if room is None:
-            return
-        pr: PrefillRoom | None = room.data
-        if pr is not None:
-            for transfer, *_ in pr.pending:
-                self.transport.release(transfer)  # a request shared with other rooms runs on for them
-            pr.pending.clear()
-            if pr.staged is not None and self.staged is not None:
-                self.staged.drop(room.key[0], room.room)
-        if notify:
-            address = room.key[0]
-            self.send_status(address, room.room, state, room.reason if state == KVPoll.Failed else "")
-        if pr is not None:
-            with self.pool_lock:
-                self.release(pr.src)
-        self.count_outcome(room)
+        self.fail(key, f"transfer failed: {error}")
 
     def send_status(self, address: str, room: int, state: KVPoll, reason: str) -> None:
+        if self.tracing:
+            self.tracer.mark(room, "Ps")  # before the send: on loopback decode may handle it first
         msg = StatusMessage(
             room=room, status=state, prefill_rank=self.schema.tp_rank, failure_reason=reason or None
         )
@@ -619,13 +653,18 @@ class PrefillWorker(RoleWorker):
             dp = self.peers.get(key[0])
             mine = dp is not None and (dp.auth is sender if sender is not None else dp.auth is None)
             if mine and (sender is not None or self.auth.allow_plain):
-                self.finish(self.rooms.fail(room.key, f"aborted by decode: {msg.reason}"), KVPoll.Failed)
+                self.fail(room.key, f"aborted by decode: {msg.reason}")
             else:
                 reason = "unauthenticated" if sender is None else "bad_mac"
                 self.auth.refused(reason, f"abort of room {msg.room}: not its decode's")
 
+    def idle_wait(self) -> float:
+        return self.source.idle_wait(IDLE_WAIT)
+
     def tick(self, now: float) -> None:
-        """Heartbeats to every paired decode; drop the decodes whose heartbeats stopped."""
+        """The source's requests; heartbeats to every paired decode; drop the decodes whose heartbeats
+        stopped; then what the source pushes once a turn."""
+        self.source.tick(now)
         for dp in [d for d in self.peers.values() if d.beats and self.beats.lost(d.last_seen, now)]:
             del self.peers[dp.address]
             reason = f"decode {dp.label} heartbeat lost: none for {now - dp.last_seen:.1f}s"
@@ -636,6 +675,7 @@ class PrefillWorker(RoleWorker):
         if beat is not None:
             for dp in self.peers.values():
                 self.pushers.send(dp.address, [beat])
+        self.source.flush(now)
 
 
 __all__ = ["PrefillWorker"]

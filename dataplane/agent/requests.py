@@ -15,10 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..planner import WritePlan
+from ..room import Part
 from ..transports import Writes
 
-Part = tuple[int, int, int]
-"""(component id, bytes, writes): one component's share of an engine request."""
 ONE_REQUEST_ROWS = 128
 
 
@@ -51,7 +50,7 @@ def transfer_requests(
     engine without a per-descriptor cost (``Transport.one_request_rows``) takes any room as one."""
     n = len(plan.component)
     if n > one_request_rows or n == 0:
-        return [([(comp, w.nbytes, w.count)], w) for comp, w in writes_by_component(plan)]
+        return [([Part(comp, w.nbytes, w.count)], w) for comp, w in writes_by_component(plan)]
     shares: dict[int, list[int]] = {}
     counts = [1] * n if plan.repeat is None else plan.repeat[0].tolist()
     for comp, size, count in zip(plan.component.tolist(), plan.size.tolist(), counts, strict=True):
@@ -61,7 +60,7 @@ def transfer_requests(
     writes = Writes(
         plan.local_region, plan.local_offset, plan.remote_region, plan.remote_offset, plan.size, plan.repeat
     )
-    return [([(comp, nbytes, count) for comp, (nbytes, count) in shares.items()], writes)]
+    return [([Part(comp, nbytes, count) for comp, (nbytes, count) in shares.items()], writes)]
 
 
 __all__ = ["ONE_REQUEST_ROWS", "Part", "transfer_requests", "writes_by_component"]

@@ -33,20 +33,20 @@ import numpy as np
 import zmq
 from mypy_extensions import mypyc_attr
 
-from ..codec import GUARD, KVPoll, manifest_from_schema
+from ..codec import FrameKind, KVPoll, frame_kind, manifest_from_schema
 from ..codec.auth import AuthFailure, is_sealed
 from ..compiled import active as compiled_active
 from ..config import AgentConfig
 from ..errors import BadInput, PDPairError
+from ..room import NO_TRACE, Actions, Items, Room, RoomTable, Tracer
 from ..schema import AUX_COMPONENT, KV_COMPONENT, RoleSchema
 from ..transports import Transport
-from .control import WAKE, Inbox, LogThrottle, Pushers, message_budget
+from .control_sockets import WAKE, Inbox, LogThrottle, Pushers, message_budget
 from .health import AgentStatus
 from .lanes import Lanes
 from .metrics import AgentMetrics, reason_label
 from .peerauth import Pairing, PeerAuth
 from .pools import IndexAllocator, MemoryPools
-from .rooms import Room, RoomTable
 from .stats import StatsBook
 from .synthetic import SyntheticEngine
 
@@ -61,8 +61,6 @@ PR_SET_TIMERSLACK = 29
 
 _ALONE = contextlib.nullcontext()
 """``together`` for a single message: a shared no-op context."""
-
-Sources = tuple[np.ndarray, int | None, list[np.ndarray | None]]
 
 _REFUSAL_KINDS = (
     ("generation", "generation_mismatch"),
@@ -116,7 +114,10 @@ class RoleWorker(abc.ABC):
         instance: str,
         blobs: list[bytes] | None = None,
         staging: Any = None,
+        tracer: Tracer = NO_TRACE,
+        source: Any = None,
     ):
+        """``source``: where the role's rooms come from (``agent.sources``; None: the synthetic engine)."""
         self.cfg, self.schema, self.pools, self.transport = cfg, schema, pools, transport
         self.metrics, self.status, self.stats = metrics, status, StatsBook()
         self.name, self.instance, self.ctx = name, instance, ctx
@@ -144,7 +145,12 @@ class RoleWorker(abc.ABC):
         """The pairing whose seal the message being handled carried (None: unsealed)."""
         if self.auth.key is None:
             log.warning("%s: no auth.keyFile: pairs only with plain peers that allow it", self.role)
-        self.rooms = RoomTable()
+        self.rooms: RoomTable[Any] = RoomTable(self.role)
+        self.tracer = tracer
+        self.tracing = tracer.enabled
+        """Marks the room's trace points (``room.trace``); off unless a benchmark turns it on."""
+        self.woke = 0.0
+        """While tracing: when the loop's last wait for messages returned (``time.perf_counter()``)."""
         self.engine = SyntheticEngine(pools)
         self.kv_pages = IndexAllocator("kv", schema.kv.num_pages)
         self.aux_slots = IndexAllocator("aux", schema.aux.num_items)
@@ -166,6 +172,7 @@ class RoleWorker(abc.ABC):
         self.rejected: dict[str, int] = {}
         """Messages dropped as unusable, by kind (``rejected_message``): their warnings are throttled."""
         self._throttle = LogThrottle()
+        self.given_source = source
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -189,6 +196,8 @@ class RoleWorker(abc.ABC):
                 if spinning and not running:
                     self.inbox.spin(min(until, time.monotonic() + self.idle_wait()))
                 first = self.inbox.recv(0 if running or spinning else self.idle_wait())
+                if self.tracing and first:
+                    self.woke = time.perf_counter()
                 batch = [first, *self.inbox.drain(self.turn_messages - 1)] if first else []
                 with self.together(len(batch)):
                     for frames in batch:
@@ -198,8 +207,8 @@ class RoleWorker(abc.ABC):
                 now = time.monotonic()
                 if first:
                     active = now
-                for room in self.rooms.expire(now):
-                    self.on_expired(room)
+                for room, actions in self.rooms.expire(now):
+                    self.perform(room, actions)
                 self.tick(now)
                 self.status.flush_refusals()
                 if len(self.rooms) != inflight:
@@ -241,12 +250,15 @@ class RoleWorker(abc.ABC):
             if is_sealed(frames):
                 self.sender = self.auth.open(frames)
                 frames = frames[:-1]
-            if frames and frames[0] == GUARD:
-                self.on_sglang(frames)
-            elif len(frames) == 1:
-                self.on_control(frames)
-            else:
-                raise BadInput(f"unrecognised control message of {len(frames)} frames")
+            match frame_kind(frames):
+                case FrameKind.CONTROL:
+                    self.on_control(frames)
+                case FrameKind.METADATA:
+                    self.on_metadata(frames)
+                case FrameKind.STATUS:
+                    self.on_status(frames)
+                case FrameKind.REGISTRATION:
+                    self.on_registration(frames)
         except AuthFailure as exc:
             self.auth.refused(exc.reason, str(exc))
         except PDPairError as exc:
@@ -267,9 +279,20 @@ class RoleWorker(abc.ABC):
         elif held == 0:
             log.warning("%s", warning)
 
-    @abc.abstractmethod
-    def on_sglang(self, frames: list[bytes]) -> None:
-        """Handle one sglang-format message (registration, metadata or status)."""
+    def on_registration(self, frames: list[bytes]) -> None:
+        """sglang's registration (prefill takes it)."""
+        self.unexpected(FrameKind.REGISTRATION)
+
+    def on_metadata(self, frames: list[bytes]) -> None:
+        """sglang's transfer metadata (prefill takes it)."""
+        self.unexpected(FrameKind.METADATA)
+
+    def on_status(self, frames: list[bytes]) -> None:
+        """sglang's room status (decode takes it)."""
+        self.unexpected(FrameKind.STATUS)
+
+    def unexpected(self, kind: FrameKind) -> None:
+        self.rejected_message(f"unexpected_{kind.value}", f"{self.role}: dropping a {kind.value} message")
 
     @abc.abstractmethod
     def on_control(self, frames: list[bytes]) -> None:
@@ -278,12 +301,14 @@ class RoleWorker(abc.ABC):
     def poll_transfers(self) -> int:
         return 0
 
-    def on_expired(self, room: Room) -> None:
-        self.finish(room, KVPoll.Failed)
-
     @abc.abstractmethod
-    def finish(self, room: Any, state: KVPoll, notify: bool = True) -> None:
-        """Move a room to a terminal state, tell the peer when ``notify``, and free what it held."""
+    def perform(self, room: Room[Any] | None, actions: Actions) -> None:
+        """Carry out what the room's last transition asked for (``room.lifecycle.Act``)."""
+
+    def fail(self, key: Any, reason: str, notify: bool = True) -> None:
+        """Fail the room ``key`` (if still live) and act on it; ``notify``: tell its peer."""
+        room, actions = self.rooms.fail(key, reason, time.monotonic(), notify)
+        self.perform(room, actions)
 
     def tick(self, now: float) -> None:  # noqa: B027 - an optional hook, not abstract
         """Periodic work: heartbeats, request generation (subclasses)."""
@@ -293,9 +318,10 @@ class RoleWorker(abc.ABC):
             hook()
         self.pushers.close()
         self.inbox.close()
+        self.tracer.close()
 
     # ---- pools ----------------------------------------------------------------------------
-    def allocate(self, kv: list[int], aux: bool, state: list[int]) -> Sources | None:
+    def allocate(self, kv: list[int], aux: bool, state: list[int]) -> Items | None:
         """Items for one request, or None (nothing taken) when a pool is short."""
         if len(state) > len(self.state_items):
             raise BadInput(
@@ -308,15 +334,17 @@ class RoleWorker(abc.ABC):
             for a, n in zip(self.state_items, state, strict=False)
         ]
         if kv_idx is None or aux_idx is None or any(s is None for s in st):
-            self.release((kv_idx, int(aux_idx[0]) if aux_idx is not None and len(aux_idx) else None, st))
+            self.give_back(kv_idx, int(aux_idx[0]) if aux_idx is not None and len(aux_idx) else None, st)
             return None
         st += [None] * (len(self.state_items) - len(st))
-        return kv_idx, (int(aux_idx[0]) if len(aux_idx) else None), st
+        return Items(kv_idx, (int(aux_idx[0]) if len(aux_idx) else None), st)
 
-    def release(self, src: tuple[Any, int | None, list[Any]]) -> None:
-        if not self.owns_items:
-            return
-        kv, aux, state = src
+    def release(self, items: Items) -> None:
+        """Give a room's items back to the allocators (nothing, when a serving engine owns them)."""
+        if self.owns_items:
+            self.give_back(*items)
+
+    def give_back(self, kv: np.ndarray | None, aux: int | None, state: list[Any]) -> None:
         if kv is not None:
             self.kv_pages.give(kv)
         if aux is not None:
@@ -344,7 +372,7 @@ class RoleWorker(abc.ABC):
         self.metrics.record_handshake(label)
         self.status.peer_paired(label, instance)
 
-    def count_outcome(self, room: Room) -> None:
+    def count_outcome(self, room: Room[Any]) -> None:
         if room.state == KVPoll.Success:
             self.metrics.record_outcome(room.peer, "success")
             return

@@ -31,6 +31,7 @@ import zmq
 
 from ..config import AgentConfig
 from ..errors import BadInput
+from ..room import Tracer
 from ..schema import RoleSchema
 from ..schema.profiles import schema_from_config
 from ..transports import Transport
@@ -45,8 +46,9 @@ from .pools import MemoryPools
 from .prefill import PrefillWorker
 from .roles import RoleWorker
 from .staging_memory import StagingMemory, staging_enabled
+from .tracing import room_tracer
 
-log = logging.getLogger("pdpair.agent.runtime")
+log = logging.getLogger(__name__)
 
 
 def make_transport(cfg: AgentConfig, engine_name: str, sdk: ModuleType | None = None) -> Transport:
@@ -86,6 +88,7 @@ class AgentRuntime:
         worker_factory: Callable[..., RoleWorker] | None = None,
         transport_sdk: ModuleType | None = None,
         wrap_transport: Callable[[Transport], Transport] | None = None,
+        tracer: Tracer | None = None,
     ):
         self.cfg = cfg
         self.key = cfg.auth.read_key()
@@ -105,7 +108,7 @@ class AgentRuntime:
         if wrap_transport is not None:  # the fault matrix's ``FaultyTransport`` (``transports.faulty``)
             self.transport = wrap_transport(self.transport)
         try:
-            self._build(cfg, reporter, worker_factory)
+            self._build(cfg, reporter, worker_factory, tracer or room_tracer(cfg.role))
         except BaseException:
             # An engine that reconnects after every failure must not leak a transport's threads each time.
             ctx = getattr(self, "ctx", None)
@@ -121,6 +124,7 @@ class AgentRuntime:
     def _build(
         self, cfg: AgentConfig, reporter: ConditionReporter | None,
         worker_factory: Callable[..., RoleWorker] | None,
+        tracer: Tracer,
     ) -> None:
         """Register the memory and make the worker (the caller closes the transport if this fails)."""
         staging_regions = self.staging.regions() if self.staging is not None else []
@@ -146,6 +150,7 @@ class AgentRuntime:
             instance=self.instance,
             blobs=blobs,
             staging=self.staging,
+            tracer=tracer,
         )
 
     def rank_info(self) -> RankInfo:

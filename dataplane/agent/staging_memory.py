@@ -20,7 +20,7 @@ from .pools import MemoryPools
 
 __all__ = ["StagingMemory", "staging_enabled"]
 
-log = logging.getLogger("pdpair.agent.staged")
+log = logging.getLogger(__name__)
 
 
 def staging_enabled(cfg: AgentConfig) -> bool:

@@ -12,6 +12,7 @@ Every decoder takes untrusted bytes and raises only ``BadInput`` subclasses.
 from .control import Abort, ControlMessage, Heartbeat, Hello, Refused, decode_control, encode_control
 from .frames import GUARD
 from .ints import pack_array, pack_int_lists, unpack_array, unpack_int_lists
+from .kinds import FrameKind, frame_kind
 from .manifest import (
     MANIFEST_MAGIC,
     MANIFEST_VERSION,
@@ -42,6 +43,7 @@ __all__ = [
     "Abort",
     "ComponentSummary",
     "ControlMessage",
+    "FrameKind",
     "Heartbeat",
     "Hello",
     "KVPoll",
@@ -64,6 +66,7 @@ __all__ = [
     "encode_registration",
     "encode_status",
     "engine_key_of",
+    "frame_kind",
     "incompatibilities",
     "is_manifest_frame",
     "manifest_from_schema",

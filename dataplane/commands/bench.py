@@ -1,11 +1,11 @@
-"""``pdpair-agent bench transfer``: the agent's end-to-end state send vs the raw NIXL engine writing the
-same blocks vs a plain memcpy of the same bytes, side by side in one run (``dataplane.bench.transfer``
+"""``pdpair-agent bench transfer``: the agent's end-to-end state send vs raw NIXL (no agent) writing the
+same blocks vs a plain memcpy of the same bytes, side by side in one run (``dataplane.harness.bench.transfer``
 measures; this module parses, renders and records).
 
 Block-size cases use a KV-only model whose page is the block (each request = one page of K and one of
 V); the mix case cycles a model profile's request lengths between pods of equal TP; each TP room
 (``--tp-rooms``) runs that mix between a prefill pod of TP P and a decode pod of TP D, every rank of a
-pod served by its one agent. Agent and raw engine get the same ``NixlConfig`` (``--ucx-tls``), and the
+pod served by its one agent. Agent and raw NIXL get the same ``NixlConfig`` (``--ucx-tls``), and the
 UCX_* variables this process inherits reach both alike. Every case ends with a verified run: every
 byte each decode rank received checked per component.
 """
@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from ..errors import BadInput
 from ..schema.profiles import profile_names
@@ -111,20 +107,20 @@ def register(subparsers: Any) -> None:
                    help="untimed requests before each timed run, 0 to 10,000 (default: 5)")
     t.add_argument(
         "--inflight", type=integer(1, MAX_INFLIGHT), default=1,
-        help="rooms in flight per decode, and requests outstanding in the raw engine's loop, 1 to 64 "
+        help="rooms in flight per decode, and requests outstanding in raw NIXL's loop, 1 to 64 "
         "(default: 1)",
     )
     t.add_argument(
-        "--ucx-tls", default=None, help="UCX_TLS for the agent and the raw engine alike (default: UCX's own)"
+        "--ucx-tls", default=None, help="UCX_TLS for the agent and raw NIXL alike (default: UCX's own)"
     )
     t.add_argument(
         "--nixl-threads", type=integer(0, 64), default=0,
-        help="NIXL UCX worker threads for the agent and the raw engine alike, 0 to 64 (default: 0, the "
+        help="NIXL UCX worker threads for the agent and raw NIXL alike, 0 to 64 (default: 0, the "
         "caller's)",
     )
     t.add_argument(
         "--no-post-thread", action="store_true",
-        help="the agent posts host writes in line (NixlConfig.postThread off); the raw engine always does",
+        help="the agent posts host writes in line (NixlConfig.postThread off); raw NIXL always does",
     )
     t.add_argument(
         "--no-native-poster", action="store_true",
@@ -151,12 +147,13 @@ def register(subparsers: Any) -> None:
 
 
 def _add_attacks(sub: Any) -> None:
-    """``bench attacks``: a stranger's attacks on a real loopback pair (``dataplane.bench.attacks``)."""
+    """``bench attacks``: a stranger's attacks on a real loopback pair (``harness.bench.attacks``)."""
     a = sub.add_parser(
         "attacks",
         help="attack a real loopback pair as a stranger would; print attack, outcome, bound",
-        description="Starts a prefill/decode pair on 127.0.0.1 with a pairing key, runs every attack "
-        "of dataplane.bench.attacks against it and prints a Markdown table (exit 1 if a bound broke).",
+        description="Starts a prefill/decode pair on 127.0.0.1 with a pairing key, runs every attack of "
+        "dataplane/harness/bench/attacks.py against it and prints a Markdown table (exit 1 if a bound "
+        "broke).",
     )
     a.add_argument("--only", default=None, metavar="TEXT", help="only the attacks whose name contains TEXT")
     a.add_argument("--json", action="store_true", help="print the findings as JSON, figures included")
@@ -166,7 +163,7 @@ def _add_attacks(sub: Any) -> None:
 def _attacks(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..bench.attacks import run_attacks, table
+    from ..harness.bench.attacks import run_attacks, table
 
     findings = run_attacks(args.only)
     if args.json:
@@ -177,7 +174,7 @@ def _attacks(args: argparse.Namespace) -> int:
 
 
 def _add_codec(sub: Any) -> None:
-    """``bench codec``: our codec + planner vs sglang 0.5.23's own helpers (``dataplane.bench.codec``)."""
+    """``bench codec``: our codec + planner vs sglang 0.5.23's own helpers (``harness.bench.codec``)."""
     c = sub.add_parser(
         "codec",
         help="codec + planner vs sglang 0.5.23's own helpers, same inputs, one run",
@@ -205,7 +202,7 @@ def _add_codec(sub: Any) -> None:
 
 
 def _codec(args: argparse.Namespace) -> int:
-    from ..bench import codec, sglang_ref
+    from ..harness.bench import codec, sglang_ref
 
     cache = args.cache_dir or sglang_ref.DEFAULT_CACHE
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -237,94 +234,30 @@ def _ranges(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def _transfer(nixl: Any) -> Any:
-    from ..config import TransferConfig
-
-    return TransferConfig(timeout_seconds=60, heartbeat_interval_seconds=0.5, nixl=nixl)
-
-
-def block_config(block: int, requests: int, nixl: Any = None, inflight: int = 1) -> Any:
-    from ..config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig
-
-    pages = max(2 * inflight, min(16, (64 << 20) // block))
-    return AgentConfig(
-        model=ModelConfig(
-            name=f"block-{block}", profile=None, kv_item_len=block, kv_layers=1, page_size=16,
-            pool_pages=pages, max_requests=max(8, 2 * inflight), prefault=True,
-        ),
-        transfer=_transfer(nixl or NixlConfig()),
-        synthetic=SyntheticConfig(
-            requests_per_second=0, requests=requests, tokens=(16,), max_inflight=inflight, verify=False
-        ),
-    )
-
-
-def mix_config(
-    profile: str, requests: int, nixl: Any = None, inflight: int = 1, prefill_tp: int = 1, decode_tp: int = 1
-) -> Any:
-    """The profile's request mix between a prefill pod of TP ``prefill_tp`` and a decode pod of TP
-    ``decode_tp``. A rank of the wider pod finishes its part of a room on its own, so the narrower
-    side holds parts of more rooms than one rank keeps in flight: its pools are sized for that skew."""
-    from ..config import AgentConfig, ModelConfig, NixlConfig, RoleConfig, SyntheticConfig
-
-    skew = max(prefill_tp, decode_tp) // min(prefill_tp, decode_tp)
-    return AgentConfig(
-        model=ModelConfig(
-            profile=profile, pool_pages=128 * max(4, inflight) * skew,
-            max_requests=max(16, 2 * inflight) * skew, prefault=True,
-        ),
-        prefill=RoleConfig(tp_size=prefill_tp),
-        decode=RoleConfig(tp_size=decode_tp),
-        transfer=_transfer(nixl or NixlConfig()),
-        synthetic=SyntheticConfig(
-            requests_per_second=0, requests=requests, tokens=(1024, 4096, 300, 2048), max_inflight=inflight,
-            verify=False,
-        ),
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..bench.transfer import run_case
     from ..config import NixlConfig
+    from ..harness.agent_processes import compiled_agents
+    from ..harness.bench import cases, transfer
 
     require_cases(args)
-    threads = args.nixl_threads
     nixl = NixlConfig(
-        ucx_tls=args.ucx_tls, num_threads=threads, post_thread=not args.no_post_thread,
+        ucx_tls=args.ucx_tls, num_threads=args.nixl_threads, post_thread=not args.no_post_thread,
         native_poster=not args.no_native_poster,
     )
-    cases = []
-    for block in args.sizes:
-        requests = max(20, min(args.max_requests, args.case_bytes // (2 * block)))
-        cases.append((_label(block), block_config(block, requests, nixl, args.inflight)))
-    if args.mix:
-        mix = mix_config(args.mix, min(args.max_requests, 200), nixl, args.inflight)
-        cases.append((f"mix:{args.mix}", mix))
+    chosen = cases.cases(args.sizes, args.mix, case_bytes=args.case_bytes, max_requests=args.max_requests,
+                         mix_requests=200, inflight=args.inflight, nixl=nixl)
     for profile, ptp, dtp in args.tp_rooms:
-        room = mix_config(profile, min(args.max_requests, 200), nixl, args.inflight, ptp, dtp)
+        room = cases.mix_config(profile, min(args.max_requests, 200), nixl, args.inflight, ptp, dtp)
         check_tp_room(f"{profile}:{ptp}-{dtp}", room)
-        cases.append((f"{profile} TP{ptp}->{dtp}", room))
+        chosen.append((f"{profile} TP{ptp}->{dtp}", room))
     compiled = compiled_agents(args.compiled)
     if compiled is None:
         return 2
-    results = []
-    for label, cfg in cases:
-        if args.no_lanes:
-            cfg = msgspec.structs.replace(cfg, listen=msgspec.structs.replace(cfg.listen, lanes=False))
-        if args.spin_us:
-            tr = msgspec.structs.replace(cfg.transfer, spin_microseconds=args.spin_us)
-            cfg = msgspec.structs.replace(cfg, transfer=tr)
-        if args.coalesce_bytes is not None:
-            tr = msgspec.structs.replace(cfg.transfer, coalesce_bytes=args.coalesce_bytes)
-            cfg = msgspec.structs.replace(cfg, transfer=tr)
-        print(f"bench: {label} ...", file=sys.stderr, flush=True)
-        results.append({**run_case(label, cfg, repeat=args.repeat, warmup=args.warmup), "compiled": compiled})
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        print(table(results))
+    results = transfer.run_cases(chosen, repeat=args.repeat, warmup=args.warmup, lanes=not args.no_lanes,
+                                 spin_us=args.spin_us, coalesce_bytes=args.coalesce_bytes, compiled=compiled)
+    print(json.dumps(results, indent=1) if args.json else transfer.table(results))
     if args.record:
-        record(Path(args.record), results, " ".join(["pdpair-agent", *sys.argv[1:]]))
+        transfer.record(Path(args.record), results, " ".join(["pdpair-agent", *sys.argv[1:]]))
     return 0
 
 
@@ -337,8 +270,8 @@ def require_cases(args: argparse.Namespace) -> None:
 def check_tp_room(name: str, cfg: Any) -> None:
     """A TP room the profile cannot split (say, more ranks than KV heads) is the user's mistake: one
     line naming the room, before any agent starts."""
-    from ..bench.transfer import Pods
     from ..errors import PlanError, SchemaError
+    from ..harness.bench.transfer import Pods
 
     try:
         Pods.of(cfg).plans(max(cfg.synthetic.tokens))
@@ -351,73 +284,4 @@ def add_compiled_option(parser: argparse.ArgumentParser) -> None:
         "--compiled", choices=("on", "auto", "off"), default="on",
         help="the agents' per-room modules compiled with mypyc, as the image runs them (dataplane/compiled; "
         "on: built first if needed, ~1 min once per source version; off: interpreted)",
-    )
-
-
-def compiled_agents(wanted: str, command: str = "bench") -> bool | None:
-    """Whether the agents this benchmark starts run compiled (``--compiled``); None: asked for and
-    unavailable (the reason printed, under ``command``'s name)."""
-    from ..compiled import CompileUnavailable, choose
-
-    if wanted == "on":
-        print(f"{command}: compiled agent modules (built once per source version) ...", file=sys.stderr)
-    try:
-        return choose(wanted)
-    except CompileUnavailable as exc:
-        print(f"{command}: --compiled {wanted}: {exc}", file=sys.stderr)
-        return None
-
-
-def _label(size: int) -> str:
-    return f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
-
-
-COLUMNS = (
-    ("case", "case", "<20", ""), ("requests", "requests", ">8", ""),
-    ("agent GB/s", "agent_gbps", ">10", ".3f"),
-    ("raw GB/s", "raw_engine_gbps", ">9", ".3f"), ("memcpy GB/s", "memcpy_gbps", ">11", ".3f"),
-    ("agent/raw", "ratio_agent_vs_raw", ">9", ".3f"),
-    ("raw threaded GB/s", "raw_engine_threaded_gbps", ">17", ".3f"),
-    ("agent/threaded", "ratio_agent_vs_raw_threaded", ">14", ".3f"),
-    ("agent p50 us", "agent_p50_us", ">12", ".1f"),
-    ("raw p50 us", "raw_p50_us", ">10", ".1f"), ("overhead us", "overhead_us", ">11", ".1f"),
-    ("amortised us", "amortised_overhead_us", ">12", ".1f"),
-    ("prefill worker CPU us", "prefill_worker_cpu_us", ">21", ".1f"),
-    ("decode worker CPU us", "decode_worker_cpu_us", ">20", ".1f"),
-    ("verified", "verified", ">8", ""),
-)
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    head = " ".join(f"{title:{align}}" for title, _, align, _ in COLUMNS)
-    lines = [head, "-" * len(head)]
-    for r in results:
-        lines.append(" ".join(_cell(r.get(key), align, fmt) for _, key, align, fmt in COLUMNS))
-    return "\n".join(lines)
-
-
-def _cell(value: Any, align: str, fmt: str) -> str:
-    if value is None:
-        return f"{'-':{align}}"
-    if isinstance(value, bool):
-        return f"{'yes' if value else 'NO':{align}}"
-    return f"{value:{align}{fmt}}"
-
-
-def machine() -> str:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, "
-        f"Python {platform.python_version()}; load average at the end {load}; "
-        f"UCX_TLS={os.environ.get('UCX_TLS', '(UCX default)')}"
-    )
-
-
-def record(path: Path, results: list[dict[str, Any]], command: str) -> None:
-    """The run as one Markdown report (date, machine, command, table, JSON), replacing ``path``: a
-    record of this run, not a log of all of them (docs/benchmarks.md keeps the current figures)."""
-    path.write_text(
-        f"# bench transfer, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n- machine: {machine()}\n"
-        f"- command: `{command}`\n\n```\n{table(results)}\n```\n\n"
-        f"```json\n{json.dumps(results, indent=1)}\n```\n"
     )

@@ -6,8 +6,9 @@ rooms through the local API: decode originates and verifies requests, prefill fi
 decode asks for. ``--report FILE`` keeps a JSON summary (counts, per-component verification) fresh
 twice a second; the summary is printed on exit. Exit status 1 when a byte failed verification.
 
-With ``<role>.tpSize`` N > 1 and no ``--tp-rank``, it runs one process per rank (``engine.ranks``),
-each connecting to the agent on its own, as a serving engine's scheduler processes do.
+With ``<role>.tpSize`` N > 1 and no ``--tp-rank``, it runs one process per rank
+(``synthetic_engine.rank_processes``), each connecting to the agent on its own, as a serving engine's
+scheduler processes do.
 
 In a pod it is the transfer canary the operator runs when a PDPair names no engine image.
 """
@@ -89,13 +90,13 @@ def load(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.synthetic_engine import SyntheticEngineProcess
+    from ..synthetic_engine.process import SyntheticEngineProcess
     from .run import setup_logging
 
     setup_logging("plain", args.log_level)
     cfg = load(args)
     if args.tp_rank is None and cfg.tp_size > 1:  # one process per rank, as a serving engine runs
-        from ..engine.ranks import rank_commands, run_ranks
+        from ..synthetic_engine.rank_processes import rank_commands, run_ranks
 
         return run_ranks(rank_commands(cfg, args.argv, args.report, args.room_base))
     syn = cfg.synthetic

@@ -3,7 +3,7 @@ until SIGTERM.
 
 The operator renders ``pdpair-agent run --role <role> --config /etc/pdpair/config/agent.yaml --listen-host
 $(POD_IP) --pod-name $(POD_NAME) --namespace $(POD_NAMESPACE)``; flags override the file's fields.
-The agent serves ranks 0 .. tpSize-1 of its role (``<role>.tpSize``): with its own synthetic engine,
+The agent serves ranks 0 .. tpSize-1 of its role (``<role>.tpSize``): with its own synthetic source,
 one per rank; with an external engine (``localapi.engine.mode: external``), one local API
 connection per engine rank on the one socket. ``--tp-rank R`` serves rank R alone (a prefill rank
 above 0 then announces itself to rank 0's bootstrap endpoint). With a pod name and namespace,
@@ -29,6 +29,8 @@ from typing import Any
 
 from ..errors import BadInput
 from .args import add_log_level, integer, output_file, plain
+
+log = logging.getLogger(__name__)
 
 FAULTS_ENV = "PDPAIR_TEST_FAULTS"
 """Injected transport faults (tests and the fault matrix only; ``transports.faulty.FaultPlan``)."""
@@ -121,7 +123,7 @@ def pod_reporter(cfg: Any, service_account_dir: str | None = None) -> Any:
     try:
         from .. import podstatus
     except ImportError as exc:
-        logging.getLogger("pdpair.agent").warning("pod conditions disabled: %s", exc)
+        log.warning("pod conditions disabled: %s", exc)
         return None
     if not service_account_dir:
         return podstatus.PodStatusReporter(ident.namespace, ident.pod_name)
@@ -159,7 +161,6 @@ def fault_wrapper(env: Mapping[str, str]) -> Any:
     from ..transports.faulty import FaultPlan, FaultyTransport
 
     plan = FaultPlan.parse(text, FAULTS_ENV)
-    log = logging.getLogger("pdpair.agent")
     log.warning("%s=%s: injecting transport faults (tests only)", FAULTS_ENV, text)
     return lambda transport: FaultyTransport(transport, plan)
 
@@ -190,7 +191,6 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: pod.stop_event.set())
     if args.ready_file:
         pod.write_ready_file(args.ready_file)
-    log = logging.getLogger("pdpair.agent")
     while not pod.stop_event.wait(0.5):
         if not pod.alive():
             log.error("a rank's worker thread died; exiting")

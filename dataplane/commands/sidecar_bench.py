@@ -2,7 +2,7 @@
 
 Per case (a block size, or a model profile's request mix) and in one run, side by side:
 
-- direct: the agent with its in-process synthetic engine, measured like ``bench transfer``'s agent
+- direct: the agent with its in-process synthetic source, measured like ``bench transfer``'s agent
   column (two ``pdpair-agent run`` processes, ``--inflight`` rooms in flight, verification off);
 - sidecar: per role an agent in sidecar mode plus a synthetic engine process speaking the local API
   (four processes), engine memory in shared memory, the same requests and rooms in flight, no
@@ -16,12 +16,11 @@ round trip per request on the critical path), and ``presend`` — the prefill en
 before decode asks (a router handing the request to both sides), the order a real prefill engine
 that finished its forward pass produces; the ``presend_*`` columns.
 
-The defaults make each run's window last about a second on a 16-core host: with 64 MiB and 200
-requests per case, a 4 KiB run lasted ~0.1 s and one run's ratio swung 0.6-1.0 between repetitions of
-the same code; with 1 GiB and 2,000 (sessions 3-18) a 1 MiB run at ~10 GB/s lasted ~0.1 s again.
+The defaults (8 GiB and at most 8,000 requests per case) make each run's window last about a second
+on a 16-core host; a window of ~0.1 s leaves one run's ratio swinging 0.6-1.0 between repetitions.
 
 With a fixed number of rooms in flight, a room's slot stays empty from its Success until the engine's
-next request reaches the agent: two process wake-ups on the sidecar's path that the in-process engine
+next request reaches the agent: two process wake-ups on the sidecar's path that the in-process source
 never pays (~130 µs a room on the benchmark hosts). A serving engine's scheduler loop polls without
 sleeping (sglang's default; ``--sleep-on-idle`` turns it off), which the synthetic engines do here:
 each of their waits polls for ``--engine-poll-us`` before it blocks (default 1000 µs, so with rooms in
@@ -42,12 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .args import integer, plain
@@ -89,176 +83,21 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench import block_config, compiled_agents, mix_config, require_cases
+    from ..harness.agent_processes import compiled_agents
+    from ..harness.bench import cases, sidecar
+    from .bench import require_cases
 
     require_cases(args)
-
     compiled = compiled_agents(args.compiled, "sidecar-bench")
     if compiled is None:
         return 2
-    cases = []
-    for size in args.sizes:
-        requests = max(20, min(args.max_requests, args.case_bytes // (2 * size)))
-        label = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
-        cases.append((label, block_config(size, requests, inflight=args.inflight)))
-    if args.mix:
-        mix = mix_config(args.mix, min(args.max_requests, 2000), inflight=args.inflight)
-        cases.append((f"mix:{args.mix}", mix))
+    chosen = cases.cases(args.sizes, args.mix, case_bytes=args.case_bytes, max_requests=args.max_requests,
+                         mix_requests=2000, inflight=args.inflight)
+    setup = sidecar.Sidecar(args.huge_pages, args.engine_poll_us, args.reply_spin_us)
     results = []
-    for label, cfg in cases:
+    for label, cfg in chosen:
         print(f"sidecar-bench: {label} ...", file=sys.stderr, flush=True)
-        side = Sidecar(args.huge_pages, args.engine_poll_us, args.reply_spin_us)
-        row = run_case(label, with_warmup(cfg, args.warmup), args.repeat, side)
+        row = sidecar.run_case(label, sidecar.with_warmup(cfg, args.warmup), args.repeat, setup)
         results.append({**row, "compiled": compiled})
-    print(json.dumps(results, indent=1) if args.json else table(results))
+    print(json.dumps(results, indent=1) if args.json else sidecar.table(results))
     return 0
-
-
-def with_warmup(cfg: Any, warmup: int) -> Any:
-    """``warmup`` more requests, left out of both setups' figures: the sidecar engine's first requests
-    wait for the agents to pair, which the in-process engine never counts (it starts once paired)."""
-    import msgspec
-
-    syn = cfg.synthetic
-    return msgspec.structs.replace(
-        cfg, synthetic=msgspec.structs.replace(syn, requests=syn.requests + warmup, warmup=warmup)
-    )
-
-
-def direct_run(cfg: Any) -> dict[str, Any]:
-    """The agent with its in-process engine: decode's bytes over its transfer window."""
-    from ..agent.launch import run_pair
-
-    st = run_pair(cfg, prefix="pdpair-sidecar-bench-direct-")
-    total = sum(c["bytes"] for c in st["components"].values())
-    window = st["transfer_window_seconds"]
-    n = max(1, st["requests"]["succeeded"] - cfg.synthetic.warmup)
-    return {
-        "bytes": total, "gbps": total / window / 1e9 if window else 0.0, "us": window / n * 1e6,
-        **per_request_cpu(st["prefill_cpu"], cfg.synthetic.requests),
-    }
-
-
-def per_request_cpu(spent: dict[str, float | None], rooms: int) -> dict[str, float]:
-    """The prefill agent's CPU µs per room (warm-up rooms included in both the CPU and the count):
-    its whole process, and its role-worker thread (NaN where ``/proc`` has no figure)."""
-    return {
-        f"prefill_{key}_us": (spent[f"{key}_seconds"] or math.nan) / max(1, rooms) * 1e6
-        for key in ("process", "worker")
-    }
-
-
-@dataclass(frozen=True)
-class Sidecar:
-    """How the sidecar setup runs: the engines' pools, their idle polling, the agents' reply spin."""
-
-    huge_pages: str = "auto"
-    engine_poll_us: int = 1000
-    reply_spin_us: int | None = None
-    """None: the config's ``localapi.engine.replySpinMicroseconds``."""
-
-
-def run_case(label: str, cfg: Any, repeat: int = 1, setup: Sidecar = Sidecar()) -> dict[str, Any]:
-    runs = [
-        (direct_run(cfg), sidecar_run(cfg, False, setup), sidecar_run(cfg, True, setup))
-        for _ in range(repeat)
-    ]
-    med, spin = statistics.median, setup.reply_spin_us
-    direct, side, ahead = ({k: med(r[i][k] for r in runs) for k in runs[0][i]} for i in range(3))
-    huge = all(r[i]["huge_pages"] for r in runs for i in (1, 2))
-    return {
-        "case": label,
-        "requests": cfg.synthetic.requests - cfg.synthetic.warmup,
-        "warmup": cfg.synthetic.warmup,
-        "inflight": cfg.synthetic.max_inflight,
-        "bytes": side["bytes"],
-        "direct_gbps": round(direct["gbps"], 4),
-        "sidecar_gbps": round(side["gbps"], 4),
-        "ratio": round(side["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
-        "direct_us_per_request": round(direct["us"], 1),
-        "sidecar_us_per_request": round(side["us"], 1),
-        "interface_us": round(side["us"] - direct["us"], 1),
-        "api_us": side["api_us"],
-        "sidecar_huge_pages": huge,
-        "engine_poll_us": setup.engine_poll_us,
-        "reply_spin_us": cfg.localapi.engine.reply_spin_microseconds if spin is None else spin,
-        "presend_gbps": round(ahead["gbps"], 4),
-        "presend_ratio": round(ahead["gbps"] / direct["gbps"], 4) if direct["gbps"] else None,
-        "presend_interface_us": round(ahead["us"] - direct["us"], 1),
-        "ratio_runs": [round(s["gbps"] / d["gbps"], 3) if d["gbps"] else None for d, s, _ in runs],
-        "presend_ratio_runs": [round(a["gbps"] / d["gbps"], 3) if d["gbps"] else None for d, _, a in runs],
-        **{
-            f"{setup}_prefill_{key}_us": _rounded(figures[f"prefill_{key}_us"])
-            for setup, figures in (("direct", direct), ("sidecar", side), ("presend", ahead))
-            for key in ("process", "worker")
-        },
-    }
-
-
-def _cpu_pair(r: dict[str, Any]) -> str:
-    """The prefill agent's CPU per request, direct / sidecar ("-" where /proc gave none)."""
-    d, s = r["direct_prefill_process_us"], r["sidecar_prefill_process_us"]
-    return f"{d:.0f}/{s:.0f}" if d is not None and s is not None else "-"
-
-
-def _rounded(value: float) -> float | None:
-    return None if math.isnan(value) else round(value, 1)
-
-
-def sidecar_run(cfg: Any, presend: bool, side: Sidecar = Sidecar()) -> dict[str, Any]:
-    from ..agent.launch import CpuProbe
-    from ..localapi.launch import SidecarPair
-
-    syn = cfg.synthetic
-    if side.reply_spin_us is not None:
-        cfg = cfg.with_engine(reply_spin_microseconds=side.reply_spin_us)
-    common = ["--requests", str(syn.requests), "--no-verify", "--room-base", str(1 << 40),
-              "--tokens", ",".join(str(t) for t in syn.tokens)]
-    inflight = syn.max_inflight
-    engine = ["--huge-pages", side.huge_pages, "--poll-us", str(side.engine_poll_us)]
-    prefill = [*common, "--presend", str(inflight + 1), *engine] if presend else engine
-    decode_args = [*common, "--inflight", str(inflight), *engine]
-    with tempfile.TemporaryDirectory(prefix="pdpair-sidecar-bench-") as tmp, \
-            SidecarPair(cfg, Path(tmp), decode_args=decode_args, prefill_args=prefill) as pair:
-        cpu = CpuProbe(pair.agents["prefill"])
-        decode = pair.engines["decode"]
-        decode.wait(600)
-        rep = decode.report()
-        huge = rep.get("huge_pages", False) and pair.engines["prefill"].report().get("huge_pages", False)
-        spent = cpu.spent()
-    n = max(1, int(rep["counts"].get("measured", 0)))
-    window = float(rep["window_seconds"])
-    return {
-        "bytes": rep["bytes"],
-        "gbps": rep["bytes"] / window / 1e9 if window else 0.0,
-        "us": window / n * 1e6,
-        "api_us": rep["api_us_per_call"],
-        "huge_pages": bool(huge),
-        **per_request_cpu(spent, syn.requests),
-    }
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    cols = [
-        ("case", "case", 16, ""), ("requests", "requests", 8, ""), ("direct GB/s", "direct_gbps", 11, ".3f"),
-        ("sidecar GB/s", "sidecar_gbps", 12, ".3f"), ("ratio", "ratio", 6, ".3f"),
-        ("presend GB/s", "presend_gbps", 12, ".3f"), ("ratio", "presend_ratio", 6, ".3f"),
-        ("direct us/req", "direct_us_per_request", 13, ".1f"), ("interface us", "interface_us", 12, ".1f"),
-        ("presend us", "presend_interface_us", 10, ".1f"), ("api us", "api_us", 7, ".1f"),
-        ("prefill CPU us d/s", "prefill_cpu", 18, ""), ("huge", "sidecar_huge_pages", 5, ""),
-    ]
-    head = " ".join(f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols))
-    lines = [head, "-" * len(head)]
-    for r in results:
-        cells = []
-        for i, (_, key, w, fmt) in enumerate(cols):
-            value: Any
-            if key == "prefill_cpu":
-                value = _cpu_pair(r)
-            elif key == "sidecar_huge_pages":
-                value = "yes" if r[key] else "no"
-            else:
-                value = r[key] if r[key] is not None else 0
-            cells.append(f"{value:{'<' if not i else '>'}{w}{fmt}}")
-        lines.append(" ".join(cells))
-    return "\n".join(lines)

@@ -43,7 +43,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 """The ``dataplane`` package these sources belong to."""
 
 MODULES = (
-    "dataplane/agent/control.py",
+    "dataplane/agent/control_sockets.py",
     "dataplane/agent/decode.py",
     "dataplane/agent/lanes.py",
     "dataplane/agent/metrics.py",
@@ -51,21 +51,22 @@ MODULES = (
     "dataplane/agent/prefill.py",
     "dataplane/agent/requests.py",
     "dataplane/agent/roles.py",
-    "dataplane/agent/rooms.py",
+    "dataplane/agent/sources.py",
     "dataplane/agent/stats.py",
     "dataplane/codec/frames.py",
+    "dataplane/codec/kinds.py",
     "dataplane/codec/ints.py",
     "dataplane/codec/metadata.py",
     "dataplane/codec/status.py",
-    "dataplane/engine/synthetic_engine.py",
     "dataplane/localapi/client.py",
-    "dataplane/localapi/frames.py",
     "dataplane/localapi/link.py",
     "dataplane/localapi/server.py",
-    "dataplane/localapi/workers.py",
+    "dataplane/localapi/sources.py",
+    "dataplane/localapi/stream.py",
     "dataplane/planner/assemble.py",
     "dataplane/planner/request.py",
     "dataplane/planner/shape.py",
+    "dataplane/synthetic_engine/process.py",
     "dataplane/transports/base.py",
     "dataplane/transports/blocks.py",
     "dataplane/transports/nixl/adapter.py",
@@ -77,7 +78,8 @@ the benchmarks. Classes that interpreted code subclasses (the other transports' 
 ``@mypyc_attr(allow_interpreted_subclasses=True)``. Not here: modules defining msgspec Structs (mypyc
 drops their class keywords, e.g. ``tag``; the sglang messages' Structs live in ``codec/messages.py`` so
 that their codecs compile; the local API's in ``localapi/messages.py``), ``planner/plan.py``
-(``WritePlan.trusted`` makes instances without ``__init__``). mypyc 2.4.1 evaluates a slice bound twice
+(``WritePlan.trusted`` makes instances without ``__init__``), ``room/`` (its records and rooms are
+generic dataclasses, which mypyc's native classes cannot be). mypyc 2.4.1 evaluates a slice bound twice
 on a memoryview or ``Any``, so slice bounds in these modules call nothing but ``len``
 (``tests/unit/test_compiled.py`` checks)."""
 

@@ -2,7 +2,7 @@
 
 This package's top level is what an engine embeds — ``AgentClient``, ``SharedPools`` and the
 messages — and imports only the standard library, msgspec and numpy. The agent's half
-(``server``, ``mapping``, ``workers``, ``sidecar``) is imported from its own modules.
+(``server``, ``mapping``, ``sources``, ``sidecar``) is imported from its own modules.
 """
 
 from .client import AgentClient

@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import AgentUnavailable, DeadlineExceeded, LocalApiError, PDPairError
-from .frames import DEFAULT_MAX_FRAME, Closed, FrameReader, send_frame
 from .messages import (
     LOCALAPI_VERSION,
     Abort,
@@ -53,6 +52,7 @@ from .messages import (
     encode_message,
     pack_indices,
 )
+from .stream import DEFAULT_MAX_FRAME, Closed, FrameReader, send_frame
 
 FAILED, SUCCESS = 0, 4
 KEEP_FINISHED = 65536
@@ -188,11 +188,13 @@ class AgentClient:
 
     def expect(
         self, room: int, kv: Indices, aux: int | None = None, state: Sequence[Indices] = (),
-        prefix_len: int = 0, *, ack: bool = False,
+        prefix_len: int = 0, *, ack: bool = False, bootstrap_addr: str = "",
     ) -> None:
-        """Decode: receive room into these destination items; ``prefix_len`` tokens are cached."""
+        """Decode: receive room into these destination items; ``prefix_len`` tokens are cached;
+        ``bootstrap_addr`` (``host:port``) names the prefill to receive from ("": the agent's own)."""
         msg = Expect(room=room, kv=pack_indices(kv), aux=-1 if aux is None else aux,
-                     state=tuple(pack_indices(s) for s in state), prefix_len=prefix_len, ack=ack)
+                     state=tuple(pack_indices(s) for s in state), prefix_len=prefix_len, ack=ack,
+                     bootstrap_addr=bootstrap_addr)
         self._submit(room, msg)
 
     def abort(self, room: int, reason: str = "", *, ack: bool = False) -> None:

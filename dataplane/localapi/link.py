@@ -4,7 +4,7 @@ The connection thread validates an engine request and ``submit``s it; the worker
 allowed to touch the transport) ``drain``s commands on its loop and ``report``s room states back,
 which are kept for ``Poll`` and pushed to the engine by ``flush``: one socket write for every state
 not yet pushed, the latest per room (states only move forward, so an engine never misses a terminal
-state). The worker decides when (``workers.EngineSide.flush``). Bootstrapping is never pushed: it is
+state). The worker decides when (``sources.EngineSide.flush``). Bootstrapping is never pushed: it is
 what the client assumes of a room it has not heard about. ``submit`` wakes the worker — once per batch
 of commands, not per command — through the inbox's ``control.Waker``: a one-frame ``WAKE`` into its
 ``inproc://`` address when the worker sleeps, so a request never waits out its idle sleep; an awake
@@ -50,6 +50,9 @@ class ExpectCmd:
     aux: int | None
     state: tuple[np.ndarray | None, ...]
     prefix_len: int = 0
+    bootstrap: str = ""
+    """The prefill's bootstrap address, normalised (``agent.prefills.bootstrap_address``); "": the
+    configured one."""
 
 
 @dataclass(frozen=True)

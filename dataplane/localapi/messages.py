@@ -1,7 +1,7 @@
 """The local API's messages: what a serving engine and its sidecar agent say over their Unix socket.
 
 A tagged union of msgspec Structs (tag field ``type``), msgpack-encoded, one message per frame; see
-``frames`` for the framing. Evolution follows msgspec's rules: new fields get defaults, a new message
+``stream`` for the framing. Evolution follows msgspec's rules: new fields get defaults, a new message
 is a new tagged Struct appended to the unions; ``LOCALAPI_VERSION`` changes only when a message's
 meaning changes, and the agent refuses a ``Hello`` of another version with a clear ``Error``.
 
@@ -33,6 +33,8 @@ Role = Literal["prefill", "decode"]
 RegionKind = Literal["fd", "shm", "cuda_ipc"]
 MAX_COMPONENTS = 64
 MAX_RANKS = 1024
+MAX_ADDRESS = 262
+"""Characters of a bootstrap address at most: a 253-character host name, ``:`` and a port."""
 MAX_MANIFEST = 1 << 20
 """Bytes of a ``Hello``'s manifest at most (a 64-component manifest of 4096-tensor components fits)."""
 
@@ -92,7 +94,7 @@ class PoolRegion(msgspec.Struct, frozen=True, kw_only=True):
 
 class RegisterPools(_Msg, frozen=True, tag="register_pools"):
     """Engine → agent: every region of the schema, in canonical order; the agent maps them, adopts
-    them as its pools and registers them with the transfer engine."""
+    them as its pools and registers them with the transport."""
 
     regions: tuple[PoolRegion, ...]
     seq: NonNeg = 0
@@ -112,7 +114,9 @@ class Send(_Msg, frozen=True, tag="send"):
 
 class Expect(_Msg, frozen=True, tag="expect"):
     """Decode engine → agent: receive room ``room`` into these destination items (``prefix_len``
-    tokens are already cached here and are not sent)."""
+    tokens are already cached here and are not sent) from the prefill whose bootstrap endpoint is
+    ``bootstrap_addr`` (``host:port``, ``[v6]:port``; sglang's ``bootstrap_addr``, which the router
+    picked), or with ``""`` from the prefill the agent is configured with."""
 
     room: NonNeg
     kv: bytes = b""
@@ -121,6 +125,7 @@ class Expect(_Msg, frozen=True, tag="expect"):
     prefix_len: NonNeg = 0
     seq: NonNeg = 0
     ack: bool = False
+    bootstrap_addr: Annotated[str, msgspec.Meta(max_length=MAX_ADDRESS)] = ""
 
 
 class Poll(_Msg, frozen=True, tag="poll"):

@@ -23,7 +23,7 @@ from .messages import Hello
 from .server import EngineHandler, LocalApiServer
 from .sidecar import Sidecar
 
-log = logging.getLogger("pdpair.localapi.ranks")
+log = logging.getLogger(__name__)
 SPARE_CONNECTIONS = 4
 """Connections beyond one per rank the socket holds open at once (a restarting rank's next
 connection, a stray client): more are refused at once."""

@@ -44,9 +44,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
+from ..agent.prefills import bootstrap_address
 from ..errors import BadInput, FrameTooLarge, LocalApiError, PDPairError
 from ..schema import RoleSchema
-from .frames import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
 from .link import AbortCmd, Command, ExpectCmd, SendCmd
 from .messages import (
     Abort,
@@ -67,8 +67,9 @@ from .messages import (
     encode_message,
     unpack_indices,
 )
+from .stream import DEFAULT_MAX_FRAME, HEADER, Closed, FrameReader, send_frame
 
-log = logging.getLogger("pdpair.localapi")
+log = logging.getLogger(__name__)
 SEND_DEADLINE = 2.0
 PUMP_READS = 2
 """Reads one ``Session.pump`` makes at most (each up to ``frames.READ_CHUNK``): a flood of requests
@@ -142,7 +143,8 @@ def to_command(msg: Send | Expect, schema: RoleSchema) -> SendCmd | ExpectCmd:
         raise BadInput(f"aux: item index {aux} outside the pool's 0..{schema.aux.num_items - 1}")
     if isinstance(msg, Send):
         return SendCmd(msg.room, kv, aux, tuple(state))
-    return ExpectCmd(msg.room, kv, aux, tuple(state), msg.prefix_len)
+    bootstrap = bootstrap_address(msg.bootstrap_addr) if msg.bootstrap_addr else ""
+    return ExpectCmd(msg.room, kv, aux, tuple(state), msg.prefix_len, bootstrap)
 
 
 def _framed(msg: AgentMessage) -> bytes:

@@ -8,9 +8,9 @@ connection to its rank's). Lifecycle, one engine connection at a time per rank:
    KV and components) — else ``Error``. An agent configured with no model layout adopts the engine's
    (``engine_schema``): the manifest is then checked for bounds here and for content at step 2.
 2. ``RegisterPools``: map the engine's regions, adopt them as the agent's pools, and start an
-   ``AgentRuntime`` on them with the external role workers (``workers``): the transport registers
-   every region, the rank's control socket and lane come up and the rank joins the pod's endpoints
-   (``agent.pod.PodAgent``: bootstrap, metrics, status), decode pairs with prefill.
+   ``AgentRuntime`` on them, its role worker taking rooms from the engine (``sources``): the
+   transport registers every region, the rank's control socket and lane come up and the rank joins
+   the pod's endpoints (``agent.pod.PodAgent``: bootstrap, metrics, status), decode pairs with prefill.
 3. Requests flow through ``EngineLink`` to the worker; room states flow back.
 4. The engine disconnects (or dies): every room fails with ``engine disconnected`` (peers are told),
    the rank leaves the pod's endpoints, the runtime stops (the transport deregisters the memory), the
@@ -30,7 +30,9 @@ from typing import Any
 import msgspec
 
 from ..agent import AgentRuntime, MemoryPools
+from ..agent.decode import DecodeWorker
 from ..agent.pod import PodAgent
+from ..agent.prefill import PrefillWorker
 from ..agent.roles import RoleWorker
 from ..codec import Manifest, decode_manifest, manifest_from_schema
 from ..config import AgentConfig
@@ -43,9 +45,9 @@ from .link import Command, DetachCmd, EngineLink
 from .mapping import MappedPools, map_pools
 from .messages import LOCALAPI_VERSION, Hello, PoolRegion, RoomState
 from .server import Session
-from .workers import ExternalDecodeWorker, ExternalPrefillWorker
+from .sources import EngineDecodeSource, EnginePrefillSource
 
-log = logging.getLogger("pdpair.localapi.sidecar")
+log = logging.getLogger(__name__)
 DETACH_WAIT = 5.0
 UNMAP_WAIT = 5.0
 
@@ -104,9 +106,9 @@ def external_worker(*args: Any, link: EngineLink, **kwargs: Any) -> RoleWorker:
     """``AgentRuntime``'s worker factory in sidecar mode: the role's worker (``RoleWorker``'s arguments),
     joined to the engine's ``link``."""
     cfg: AgentConfig = args[0]
-    worker = (ExternalPrefillWorker if cfg.role == "prefill" else ExternalDecodeWorker)(*args, **kwargs)
-    worker.join(link)
-    return worker
+    if cfg.role == "prefill":
+        return PrefillWorker(*args, source=EnginePrefillSource(link), **kwargs)
+    return DecodeWorker(*args, source=EngineDecodeSource(link), **kwargs)
 
 
 class Sidecar:

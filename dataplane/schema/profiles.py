@@ -1,12 +1,12 @@
 """Built-in model profiles as data: one table row per model, turned into a ``RoleSchema`` for a rank.
 
-Profiles are the synthetic engine's only: a serving engine registers its own pools, and those define
-the layout at their real size. Each profile is its model's real layout per token — head counts, head
-dims and dtypes from the public model configs — with its layer pattern (every ``full_every``-th layer
-is full attention, with KV; the others carry a hybrid state: Mamba/GDN slots or SWA pages) and the
-paged state components beside KV. A demo or a test keeps its memory and run time small by counts
-alone: the model's first ``layers`` layers, the pool's pages and the request slots; no dimension is
-ever shrunk. Adding a model is one ``Profile(...)`` entry in ``PROFILES``.
+Profiles are the synthetic source's and engine's only: a serving engine registers its own pools, and
+those define the layout at their real size. Each profile is its model's real layout per token — head
+counts, head dims and dtypes from the public model configs — with its layer pattern (every
+``full_every``-th layer is full attention, with KV; the others carry a hybrid state: Mamba/GDN slots or
+SWA pages) and the paged state components beside KV. A demo or a test keeps its memory and run time
+small by counts alone: the model's first ``layers`` layers, the pool's pages and the request slots; no
+dimension is ever shrunk. Adding a model is one ``Profile(...)`` entry in ``PROFILES``.
 """
 
 from __future__ import annotations

@@ -10,14 +10,16 @@ call onto ``Send`` / ``Expect`` / ``Poll`` / ``Abort``:
 | ``KVManager(kv_args, mode, server_args, is_mla)`` | ``Hello`` + ``RegisterPools`` (every buffer) |
 | prefill ``sender.poll()`` before ``send`` | WaitingForInput once the agent pushed decode's request |
 | prefill ``sender.init(num_pages, aux)``, ``send(pages, state)`` | one ``Send`` with the last chunk |
-| decode ``receiver.send_metadata(pages, aux, state, decode_prefix_len)`` | ``Expect`` (``prefix_len``) |
+| decode ``receiver.send_metadata(pages, aux, state, decode_prefix_len)`` | ``Expect`` (prefix, address) |
 | ``poll()`` after that | the room state the agent pushed (already a ``KVPoll``) |
 | ``failure_exception()`` | sglang's ``KVTransferError`` with the agent's reason |
 | ``abort()`` | ``Abort`` |
 
-The bootstrap room is the local API's room. The prefill agent serves the bootstrap endpoint and decode's
-agent finds it through its own configuration, so ``bootstrap_addr`` is not used to route and the
-bootstrap server class starts nothing. Decode's cached prefix: prefill sends every page of the prompt
+The bootstrap room is the local API's room. The prefill agent serves the bootstrap endpoint on the port
+sglang is given as its bootstrap port (the bootstrap server class starts nothing), so decode's
+``bootstrap_addr`` — the prefill the router picked for the request — names that agent's ``/topology``
+as it is, and ``Expect`` carries it: decode's agent pairs with that prefill and sends the room there.
+Decode's cached prefix: prefill sends every page of the prompt
 (``pop_decode_prefix_len`` stays 0) and the agent skips the KV pages decode holds; a paged state
 component computed from decode's prefix (SWA window, DSA suffix) is trimmed to the tail decode asked for.
 """
@@ -48,7 +50,7 @@ from .memory import share
 from .settings import Settings
 from .support import check_server_args, engine_topology
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 KEEP_ASKED = 65536
 """Rooms decode asked for whose request the prefill manager remembers (oldest forgotten first)."""
 
@@ -97,7 +99,7 @@ class PDPairKVManager(BaseKVManager):
                 self.client.connect()
             self.client.register_pools(self.regions, self.fds)
         except AgentUnavailable as exc:
-            logger.warning("pdpair: %s; the pools are registered once it is up", exc)
+            log.warning("pdpair: %s; the pools are registered once it is up", exc)
         except LocalApiError as exc:
             where = self.settings.socket_path
             raise Unsupported(f"pdpair: the agent at {where} refused this engine: {exc}") from None
@@ -172,7 +174,7 @@ class _Room:
             try:
                 self.kv_mgr.client.abort(self.bootstrap_room, "aborted by sglang")
             except PDPairError as exc:
-                logger.debug("pdpair: abort of room %d not delivered: %s", self.bootstrap_room, exc)
+                log.debug("pdpair: abort of room %d not delivered: %s", self.bootstrap_room, exc)
             self._conclude(KVPoll.Failed, "aborted by sglang")
 
     def clear(self) -> None:
@@ -270,7 +272,7 @@ class PDPairKVReceiver(_Room, BaseKVReceiver):
         self.expected = True
         self._call("expect", self.kv_mgr.client.expect, self.bootstrap_room,
                    np.asarray(kv_indices, dtype=np.int32).ravel(), aux_index, state,
-                   prefix_len=int(decode_prefix_len or 0))
+                   prefix_len=int(decode_prefix_len or 0), bootstrap_addr=self.bootstrap_addr)
 
     def poll(self) -> int:
         if self.conclude_state is not None:
@@ -294,7 +296,7 @@ class PDPairKVBootstrapServer(BaseKVBootstrapServer):
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
-        logger.info("pdpair: the pod's PDPair agent serves bootstrap; sglang's port %d stays unused", port)
+        log.info("pdpair: the pod's PDPair agent serves bootstrap; sglang's port %d stays unused", port)
 
     def close(self) -> None:
         """Nothing to stop."""

@@ -19,7 +19,7 @@ import enum
 import logging
 from typing import Any
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 BACKEND = "pdpair"
 UTILS = "sglang.srt.disaggregation.utils"
 

@@ -1,4 +1,4 @@
-"""Transport layer: one ``Transport`` interface and one thin adapter per transfer engine.
+"""Transport layer: one ``Transport`` interface and one thin adapter per transport SDK.
 
 ``NixlTransport`` (UCX; host memory and VRAM; runs anywhere) and ``MoriTransport`` (AMD MoRI-IO over
 RDMA) translate calls and map engine errors to ``dataplane.errors``; each imports its SDK lazily, so

@@ -1,4 +1,5 @@
-"""The one seam between the agent and a transfer engine: ``Transport`` and its small value types.
+"""The one seam between the agent and a transport (NIXL, MoRI, CUDA IPC): ``Transport`` and its small
+value types.
 
 An adapter (NIXL, MoRI) only translates: it registers memory, hands out opaque blobs the peer needs,
 starts one-sided writes and reports their state. Everything above — handshake, planning, completion

@@ -1,6 +1,6 @@
 """CUDA IPC adapter: GPU memory of a peer on the same node, written by one copy kernel per batch.
 
-For prefill and decode on one node (one GPU, or GPUs joined by NVLink), a transfer engine only adds
+For prefill and decode on one node (one GPU, or GPUs joined by NVLink), a network transport only adds
 per-descriptor costs: UCX's cuda_ipc path reached 0.3 GB/s on 4 KiB pages and about 55% of a
 device-to-device copy on 64 MiB blocks (docs/gpu.md). Here the peer's regions are mapped into this
 process once (``cudaIpcOpenMemHandle``), and a batch of writes — any number, any sizes, any regions —

@@ -171,11 +171,15 @@ def build_bootstrap_service(owner: Owner, generation: str) -> dict[str, Any]:
     """Prefill's bootstrap endpoint for one generation: decode of that generation finds only its prefill.
 
     Not-ready addresses are published: prefill becomes transfer-ready only after decode reached it.
+    With several prefill pods, client-IP affinity keeps each decode pod on one of them: a decode reads
+    the topology every heartbeat, and a Service that spread those reads would look like its prefill
+    being replaced each time. (A serving decode also pairs with the prefill each request names.)
     """
     port = owner.spec.ports.bootstrap
     return _service(owner, naming.bootstrap_service(owner.name, generation), "bootstrap", {
         "selector": naming.pod_selector(owner.name, "prefill", generation),
         "publishNotReadyAddresses": True,
+        "sessionAffinity": "ClientIP",
         "ports": [{"name": "bootstrap", "port": port, "targetPort": port, "protocol": "TCP"}],
     }, {naming.LABEL_GENERATION: generation})
 

@@ -189,7 +189,7 @@ class Sglang(_Spec, frozen=True):
 
 class Engine(_Spec, frozen=True):
     """The serving engine beside the agent (docs/sidecar.md). ``inProcess`` (default): the agent's own
-    synthetic engine is the canary. ``sidecar``: a second container speaks the local API to the agent
+    synthetic source is the canary. ``sidecar``: a second container speaks the local API to the agent
     over a socket in a shared ``emptyDir`` — ``image`` (with ``command``/``args``/``env``) names the
     serving engine; without one the synthetic engine runs there, from the agent image. ``sglang``
     (with ``image``, an sglang image holding PDPair's plugin): the operator writes the engine's command."""

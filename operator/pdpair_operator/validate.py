@@ -80,10 +80,6 @@ def _check_engine(owner: Owner) -> tuple[str, str] | None:
     if not engine.image:
         return ("EngineImageMissing", "engine.sglang needs engine.image: an sglang image with PDPair's "
                 "plugin (Dockerfile target sglang)")
-    if owner.spec.prefill.replicas > 1:
-        return ("OnePrefillToServe", "engine.sglang serves with one prefill pod: the router picks prefill "
-                "and decode independently, and each decode agent pairs with the one prefill its bootstrap "
-                "endpoint names; scale decode, or run another PDPair")
     if engine.command or engine.args:
         return ("EngineCommandConflict", "engine.sglang writes the engine's command: put more sglang "
                 "arguments in engine.sglang.args")

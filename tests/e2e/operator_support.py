@@ -10,11 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dataplane.harness.waiting import wait_for
 from devcluster import Cluster
 from devcluster.procs import free_port
 from tests.chart_support import CHART, helm
@@ -24,19 +25,6 @@ CRD = REPO / "crds" / "pdpair.yaml"
 EXAMPLES = REPO / "examples"
 TRANSFER_READY = "pdpair.io/TransferReady"
 
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60, interval: float = 0.3) -> Any:
-    """Poll until ``fn()`` is truthy and return it; fail with ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    for _ in range(int(timeout / interval) + 2):
-        last = fn()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            break
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
 
 
 def install_crd(cluster: Cluster) -> None:

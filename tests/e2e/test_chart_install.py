@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dataplane.harness.waiting import wait_for
 from devcluster import Cluster
 from tests.chart_support import (
     CHART,
@@ -29,7 +30,6 @@ from tests.chart_support import (
     sa_kubeconfig,
     set_args,
     template,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

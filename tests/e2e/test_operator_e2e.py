@@ -28,10 +28,10 @@ from operator_support import (
     pods,
     publish_bootstrap_addresses,
     running_operator,
-    wait_for,
 )
 from pdpair_operator.status import CONDITION_TYPES
 
+from dataplane.harness.waiting import wait_for
 from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

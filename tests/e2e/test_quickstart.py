@@ -33,8 +33,9 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_support import EXAMPLES, REPO, publish_bootstrap_addresses, wait_for
+from operator_support import EXAMPLES, REPO, publish_bootstrap_addresses
 
+from dataplane.harness.waiting import wait_for
 from devcluster import Cluster, PodRunner
 from devcluster.cluster import bin_dir
 from devcluster.procs import free_port

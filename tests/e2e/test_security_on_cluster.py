@@ -18,9 +18,9 @@ from operator_support import (
     pdpair,
     pdpair_yaml,
     pods,
-    wait_for,
 )
 
+from dataplane.harness.waiting import wait_for
 from devcluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

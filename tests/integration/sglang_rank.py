@@ -166,7 +166,9 @@ class Rank:
     sglang allocated them and go by IPC handle."""
 
     def __init__(self, role: str, family: Family, *, tp_size: int = 1, tp_rank: int = 0, dp_size: int = 1,
-                 device: str = "cpu", aux_slots: int = 8, server_overrides: dict[str, Any] | None = None):
+                 device: str = "cpu", aux_slots: int = 8, server_overrides: dict[str, Any] | None = None,
+                 bootstrap_addr: str = "127.0.0.1:8998"):
+        """``bootstrap_addr``: the prefill's bootstrap ``host:port`` its requests carry (the router's)."""
         from sglang.srt.disaggregation.utils import (
             DisaggregationMode,
             KVClassType,
@@ -179,6 +181,7 @@ class Rank:
 
         t = _torch()
         self.role, self.family, self.device = role, family, device
+        self.bootstrap_addr = bootstrap_addr
         self.backend = TransferBackend("pdpair")
         self.get_kv_class, self.KVClassType = get_kv_class, KVClassType
         self.pool, self.req_pool = build_pools(family, tp_size // dp_size, device)
@@ -262,13 +265,13 @@ class Rank:
     def sender(self, room: int) -> Any:
         """``prefill.py::PrefillBootstrapQueue.create_sender``."""
         cls = self.get_kv_class(self.backend, self.KVClassType.SENDER)
-        return cls(mgr=self.manager, bootstrap_addr="127.0.0.1:8998", bootstrap_room=room,
+        return cls(mgr=self.manager, bootstrap_addr=self.bootstrap_addr, bootstrap_room=room,
                    req_has_disagg_prefill_dp_rank=False)
 
     def receiver(self, room: int) -> Any:
         """``decode.py::DecodePreallocQueue._create_receiver_and_enqueue``."""
         cls = self.get_kv_class(self.backend, self.KVClassType.RECEIVER)
-        return cls(mgr=self.manager, bootstrap_addr="127.0.0.1:8998", bootstrap_room=room)
+        return cls(mgr=self.manager, bootstrap_addr=self.bootstrap_addr, bootstrap_room=room)
 
     def take(self, pool: str, size: int, n: int, rng: np.random.Generator) -> list[int]:
         """``n`` free items of ``pool`` (shuffled, never handed out twice), as sglang's allocators."""

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from dataplane.agent import AgentRuntime
-from dataplane.agent.launch import loopback_pair
-from dataplane.agent.prefill import DecodePeer, PrefillWorker
-from dataplane.codec import KVPoll, TransferMetadata
+from dataplane.agent.prefill import PrefillWorker
+from dataplane.agent.sources import SyntheticPrefillSource
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
+from dataplane.harness.agent_processes import loopback_pair
 from tests.inprocess import verified_run
 
 REQUESTS = 64
@@ -24,11 +24,8 @@ class InlineFillPrefill(PrefillWorker):
     """Fills each room's sources in line instead of on the forward thread, so the rooms of one batch
     of decode's messages start in one turn of the loop, which is when coalescing applies."""
 
-    def start_room(self, dp: DecodePeer, md: TransferMetadata) -> None:
-        key = (dp.address, md.room)
-        self.rooms.add(key, md.room, dp.label, self.timeout)
-        self.rooms.advance(key, KVPoll.WaitingForInput)
-        self.launch(*self._fill((key, dp, md)))
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, source=SyntheticPrefillSource(inline=True), **kwargs)
 
 
 def config(profile: str, coalesce_bytes: int) -> AgentConfig:

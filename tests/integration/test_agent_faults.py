@@ -13,7 +13,7 @@ import signal
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,12 @@ import zmq
 from faults_support import FaultRow
 from prometheus_client.parser import text_string_to_metric_families
 
-from dataplane.agent.launch import AgentProcess, loopback_pair
 from dataplane.codec import encode_manifest, manifest_from_schema
 from dataplane.config import AgentConfig, ModelConfig, NixlConfig, SyntheticConfig, TransferConfig
+from dataplane.harness.agent_processes import AgentProcess, loopback_pair
+from dataplane.harness.sidecar_pair import SidecarPair
+from dataplane.harness.waiting import wait_for
 from dataplane.localapi import AgentClient, SharedPools
-from dataplane.localapi.launch import SidecarPair
 from dataplane.schema.profiles import schema_from_config
 from dataplane.transports.faulty import KINDS
 
@@ -66,15 +67,6 @@ def pair(tmp_path: Path, cfg: AgentConfig, prefill_env: dict[str, str] | None = 
         decode.stop()
         prefill.stop()
 
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def healthy(agent: AgentProcess) -> bool:
@@ -118,8 +110,8 @@ def test_injected_transport_faults_fail_each_room_once(tmp_path: Path, fault_row
             assert healthy(prefill) and healthy(decode), "/healthz not OK"
             return bool(decode.status()["requests"]["completed"] >= rooms)
 
-        wait_for(done, timeout=90, what=f"{rooms} rooms", every=0.2)
-        wait_for(lambda: prefill.status()["rooms"]["inflight"] == 0, timeout=timeout * 2, what="prefill idle")
+        wait_for(f"{rooms} rooms", done, timeout=90, interval=0.2)
+        wait_for("prefill idle", lambda: prefill.status()["rooms"]["inflight"] == 0, timeout=timeout * 2)
         took = time.monotonic() - started
         d, p = decode.status(), prefill.status()
         counters = p["transport"]["faults"]
@@ -164,10 +156,10 @@ def test_killed_peer_detected_within_heartbeat_bound(
     fault_row.injected = f"SIGKILL of the {victim} agent, rooms in flight"
     fault_row.bound = f"down ≤ {DETECT_BOUND:.0f} s (heartbeat {HEARTBEAT:g} s x {MISSES}); engine told ≤ 1 s"
     with pair(tmp_path, config(0, rps=5, tokens=(700,))) as (prefill, decode):
-        wait_for(lambda: decode.status()["requests"]["succeeded"] >= 3, timeout=30, what="first rooms")
+        wait_for("first rooms", lambda: decode.status()["requests"]["succeeded"] >= 3, timeout=30)
         dead, survivor = (prefill, decode) if victim == "prefill" else (decode, prefill)
-        wait_for(lambda: survivor.status()["rooms"]["inflight"] > 0, timeout=10, what="a room in flight",
-                 every=0.01)
+        wait_for("a room in flight",
+                 lambda: survivor.status()["rooms"]["inflight"] > 0, timeout=10, interval=0.01)
         before = Counter(survivor.status()["rooms"]["finished"])
         dead.signal(signal.SIGKILL)
         killed = time.time()
@@ -181,7 +173,7 @@ def test_killed_peer_detected_within_heartbeat_bound(
                 return time.time()
             return None
 
-        told_at = wait_for(told, timeout=DETECT_BOUND + 5, what=f"{victim} down", every=0.05)
+        told_at = wait_for(f"{victim} down", told, timeout=DETECT_BOUND + 5, interval=0.05)
         peer = peer_entry(survivor)
         detected = peer["since"] - killed
         fault_row.observed = f"down after {detected:.2f} s, engine told {told_at - peer['since']:.2f} s later"
@@ -216,7 +208,7 @@ def test_frozen_decode_fails_rooms_by_deadline_without_holding_prefill(
                        f"held; re-paired ≤ {REPAIR_WITHIN:g} s after SIGCONT")
     tcp = msgspec.structs.replace(DEFAULTS, nixl=NixlConfig(ucx_tls="tcp", ucx_net_devices="lo"))
     with pair(tmp_path, config(0, tcp, tokens=(4096,))) as (prefill, decode):
-        wait_for(lambda: decode.status()["requests"]["succeeded"] >= 2, timeout=30, what="first rooms")
+        wait_for("first rooms", lambda: decode.status()["requests"]["succeeded"] >= 2, timeout=30)
         for _ in range(20):  # freeze decode at a moment prefill holds a room (nearly always the first)
             decode.signal(signal.SIGSTOP)
             frozen_at = time.monotonic()
@@ -232,7 +224,7 @@ def test_frozen_decode_fails_rooms_by_deadline_without_holding_prefill(
                 assert healthy(prefill)
                 return bool(prefill.status()["rooms"]["inflight"] == 0)
 
-            wait_for(freed, timeout=deadline * 1.1 + 2, what="prefill's rooms freed")
+            wait_for("prefill's rooms freed", freed, timeout=deadline * 1.1 + 2)
             freed_after = time.monotonic() - frozen_at
             failures = prefill.status()["rooms"]["recent_failures"]
             assert len(failures) >= stuck["inflight"], failures
@@ -246,8 +238,9 @@ def test_frozen_decode_fails_rooms_by_deadline_without_holding_prefill(
         finally:
             decode.signal(signal.SIGCONT)
         resumed = time.time()
-        wait_for(lambda: peer_entry(prefill).get("state") == "paired", timeout=DETECT_BOUND + 5,
-                 what="prefill paired with decode again", every=0.05)
+        wait_for("prefill paired with decode again",
+                 lambda: peer_entry(prefill).get("state") == "paired", timeout=DETECT_BOUND + 5,
+                 interval=0.05)
         repaired = peer_entry(prefill)["since"] - resumed
         fault_row.observed = (
             f"{stuck['inflight']} room(s) failed {freed_after:.1f} s after the freeze "
@@ -265,7 +258,7 @@ def test_replaced_prefill_pairs_within_a_heartbeat_of_ready(tmp_path: Path, faul
     fault_row.injected = "SIGTERM of prefill, a new prefill process started on the same bootstrap port"
     fault_row.bound = f"decode paired with the new instance ≤ {HEARTBEAT:g} s after it is ready"
     with pair(tmp_path, config(0, rps=10, tokens=(700,))) as (prefill, decode):
-        wait_for(lambda: decode.status()["requests"]["succeeded"] >= 2, timeout=30, what="first rooms")
+        wait_for("first rooms", lambda: decode.status()["requests"]["succeeded"] >= 2, timeout=30)
         old = decode.status()["prefill"]["0"]["instance"]
         prefill.stop()
         stopped_at = time.time()
@@ -279,14 +272,14 @@ def test_replaced_prefill_pairs_within_a_heartbeat_of_ready(tmp_path: Path, faul
                 return bool(st["prefill"]["0"]["instance"] == ports["instance"] != old
                             and st["prefill"]["0"]["state"] == "paired")
 
-            wait_for(paired_with_new, timeout=HEARTBEAT * MISSES + 5, every=0.05,
-                     what="decode paired with the new prefill")
+            wait_for("decode paired with the new prefill",
+                     paired_with_new, timeout=HEARTBEAT * MISSES + 5, interval=0.05)
             since = peer_entry(decode)["since"]
             assert since >= stopped_at, "decode's pairing is from before the swap"
             took = since - ready_at  # < 0: paired while the new prefill was still writing its ready file
             before = decode.status()["requests"]["succeeded"]
-            wait_for(lambda: decode.status()["requests"]["succeeded"] >= before + 3, timeout=30,
-                     what="rooms flowing again")
+            wait_for("rooms flowing again",
+                     lambda: decode.status()["requests"]["succeeded"] >= before + 3, timeout=30)
             fault_row.observed = f"paired {took:.2f} s after the new prefill was ready"
             assert took <= HEARTBEAT, fault_row.observed
             assert decode.status()["requests"]["verification_failures"] == 0
@@ -332,7 +325,7 @@ def test_flooded_prefill_keeps_or_restores_pairing(
     fault_row.injected = f"a stranger's ZMQ PUSH: ≤ {count} junk messages of {what} in {FLOOD_SECONDS:g} s"
     fault_row.bound = f"pairing kept; rooms flowing ≤ {DETECT_BOUND:.0f} s after the flood ends"
     with pair(tmp_path, config(0, rps=20, tokens=(700,))) as (prefill, decode):
-        wait_for(lambda: decode.status()["requests"]["succeeded"] >= 3, timeout=30, what="first rooms")
+        wait_for("first rooms", lambda: decode.status()["requests"]["succeeded"] >= 3, timeout=30)
         sent = flood(prefill.ports["control_port"], FLOOD_SECONDS, size, count)
         ended = time.monotonic()
         before = decode.status()["requests"]["succeeded"]
@@ -341,7 +334,7 @@ def test_flooded_prefill_keeps_or_restores_pairing(
             st = decode.status()
             return bool(st["prefill"]["0"]["state"] == "paired" and st["requests"]["succeeded"] >= before + 3)
 
-        wait_for(flowing, timeout=DETECT_BOUND + 10, what="pairing and rooms after the flood", every=0.05)
+        wait_for("pairing and rooms after the flood", flowing, timeout=DETECT_BOUND + 10, interval=0.05)
         took = time.monotonic() - ended
         lost = sum(1 for agent in (prefill, decode) for f in agent.status()["rooms"]["recent_failures"]
                    if "heartbeat lost" in f["reason"])
@@ -376,17 +369,17 @@ def test_a_thousand_aborts_at_once_leave_no_room_running(tmp_path: Path, fault_r
     try:
         prefill, decode = pair.start_agent("prefill"), pair.start_agent("decode")
         engine = pair.start_engine("prefill")
-        wait_for(lambda: try_register(client, shared), timeout=30, what="decode agent socket")
+        wait_for("decode agent socket", lambda: try_register(client, shared), timeout=30)
         prefill.wait_ready()
         decode.wait_ready()
-        wait_for(lambda: decode.status()["ready"], timeout=30, what="decode paired")
+        wait_for("decode paired", lambda: decode.status()["ready"], timeout=30)
         engine.proc.send_signal(signal.SIGSTOP)
         rooms = range(1 << 40, (1 << 40) + ABORTS)
         kv = np.array([0], np.int32)
         for room in rooms:
             client.expect(room, kv, 0)
-        wait_for(lambda: prefill.status()["rooms"]["inflight"] == ABORTS, timeout=30,
-                 what=f"{ABORTS} rooms waiting at prefill")
+        wait_for(f"{ABORTS} rooms waiting at prefill",
+                 lambda: prefill.status()["rooms"]["inflight"] == ABORTS, timeout=30)
         started = time.monotonic()
         for room in rooms:
             client.abort(room, "fault matrix")

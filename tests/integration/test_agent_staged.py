@@ -17,13 +17,13 @@ import msgspec
 import pytest
 
 from dataplane.config import AgentConfig, StagedConfig, SyntheticConfig
+from dataplane.harness.waiting import wait_for
 from tests.integration.test_agent_two_process import (
     HB,
     agents,
     assert_all_verified,
     config,
     finished,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
@@ -62,7 +62,7 @@ def staged_bytes(agent) -> dict[str, float]:  # type: ignore[no-untyped-def]
 )
 def test_staged_rooms_deliver_every_byte(tmp_path, profile, components, threshold, want_staged):
     with agents(tmp_path, staged(config(profile), threshold)) as (prefill, decode):
-        wait_for(lambda: finished(decode, 12), what="12 requests")
+        wait_for("12 requests", lambda: finished(decode, 12), timeout=90)
         assert_all_verified(decode, 12, components)
         moved = staged_bytes(prefill[0])
         assert {c for c, v in moved.items() if v > 0} == want_staged, moved
@@ -75,7 +75,7 @@ def test_staged_rooms_deliver_every_byte(tmp_path, profile, components, threshol
 def test_staged_with_tp_mismatch(tmp_path, ptp, dtp):
     """Decode pulling from two prefill ranks gives each its own landing slots (no shared slot)."""
     with agents(tmp_path, staged(config(requests=8)), prefill_tp=ptp, decode_tp=dtp) as (prefill, decode):
-        wait_for(lambda: finished(decode, 8), timeout=60, what="8 requests per decode rank")
+        wait_for("8 requests per decode rank", lambda: finished(decode, 8), timeout=60)
         assert_all_verified(decode, 8, {"kv", "mamba"})
         assert all(staged_bytes(p).get("kv", 0) > 0 for p in prefill)
         assert all(len(d.status()["staged"]["landing_sets"]) == max(1, ptp // dtp) for d in decode)
@@ -87,7 +87,7 @@ def test_staged_off_writes_directly(tmp_path):
         transfer=msgspec.structs.replace(config().transfer, staged=StagedConfig(mode="off")),
     )
     with agents(tmp_path, base) as (prefill, decode):
-        wait_for(lambda: finished(decode, 6), what="6 requests")
+        wait_for("6 requests", lambda: finished(decode, 6), timeout=90)
         assert_all_verified(decode, 6, {"kv", "mamba"})
         assert staged_bytes(prefill[0]) == {} and "staged" not in prefill[0].status()
 
@@ -99,7 +99,7 @@ def test_only_prefill_staged_falls_back_to_direct(tmp_path):
         transfer=msgspec.structs.replace(config().transfer, staged=StagedConfig(mode="off")),
     )
     with agents(tmp_path, staged(config(requests=6)), decode_base=off) as (prefill, decode):
-        wait_for(lambda: finished(decode, 6), what="6 requests")
+        wait_for("6 requests", lambda: finished(decode, 6), timeout=90)
         assert_all_verified(decode, 6, {"kv", "mamba"})
         assert staged_bytes(prefill[0]) == {} and prefill[0].status()["staged"]["peers"] == []
 
@@ -111,7 +111,7 @@ def test_lost_decode_mid_staged_rooms_frees_every_slot(tmp_path, how):
         synthetic=SyntheticConfig(requests_per_second=20, requests=0, tokens=(4096,), max_inflight=3),
     )
     with agents(tmp_path, stream) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="first requests")
+        wait_for("first requests", lambda: decode[0].status()["requests"]["succeeded"] >= 2, timeout=90)
         decode[0].signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         try:
             lost = time.monotonic()
@@ -126,7 +126,7 @@ def test_lost_decode_mid_staged_rooms_frees_every_slot(tmp_path, how):
                     and st["staged"]["peers"] == []
                 )
 
-            wait_for(dropped, timeout=HB * 6 + 5, what="prefill rooms failed, slots free, decode dropped")
+            wait_for("prefill rooms failed, slots free, decode dropped", dropped, timeout=HB * 6 + 5)
             assert time.monotonic() - lost < HB * 6 + 5
             assert prefill[0].status()["staged"]["pieces_waiting"] == 0
             assert b"true" in urllib.request.urlopen(prefill[0].url + "/healthz", timeout=2).read()
@@ -146,7 +146,7 @@ def test_staged_rooms_on_cuda(tmp_path):
         base.transfer, device="cuda", staged=msgspec.structs.replace(base.transfer.staged, mode="auto")
     )
     with agents(tmp_path, msgspec.structs.replace(base, transfer=gpu)) as (prefill, decode):
-        wait_for(lambda: finished(decode, 12), what="12 requests")
+        wait_for("12 requests", lambda: finished(decode, 12), timeout=90)
         assert_all_verified(decode, 12, {"kv", "aux", "mamba"})
         assert staged_bytes(prefill[0]).get("kv", 0) > 0
         assert prefill[0].status()["staged"]["slots_free"] == SLOTS

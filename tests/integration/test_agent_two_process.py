@@ -1,6 +1,6 @@
 """Two (or three) real agent processes on loopback moving real bytes over NIXL, verified on decode.
 
-Every test starts ``pdpair-agent run`` processes through ``dataplane.agent.launch`` and reads their
+Every test starts ``pdpair-agent run`` processes through ``dataplane.harness.agent_processes`` and reads their
 ``/status`` and ``/metrics`` endpoints — the same surfaces an operator or Prometheus sees.
 """
 
@@ -16,7 +16,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dataplane.agent.launch import AgentProcess, loopback_pair
 from dataplane.config import (
     AgentConfig,
     ComponentConfig,
@@ -27,6 +26,8 @@ from dataplane.config import (
     SyntheticConfig,
     TransferConfig,
 )
+from dataplane.harness.agent_processes import AgentProcess, loopback_pair
+from dataplane.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 
@@ -65,15 +66,6 @@ def agents(tmp_path, base, prefill_tp=1, decode_tp=1, decode_base=None):
             p.stop()
 
 
-def wait_for(pred, timeout=90.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def finished(decode, n):
     return all(d.status()["requests"]["completed"] >= n for d in decode)
@@ -101,7 +93,7 @@ def assert_all_verified(decode, n, components):
 )
 def test_profile_moves_and_verifies_every_component(tmp_path, profile, components):
     with agents(tmp_path, config(profile)) as (prefill, decode):
-        wait_for(lambda: finished(decode, 12), what="12 requests")
+        wait_for("12 requests", lambda: finished(decode, 12), timeout=90)
         assert_all_verified(decode, 12, components)
         metrics = urllib.request.urlopen(decode[0].url + "/metrics", timeout=2).read().decode()
         assert 'pdpair_agent_verified_bytes_total{component="kv"' in metrics
@@ -114,7 +106,7 @@ def test_spinning_workers_move_and_verify(tmp_path):
     base = config(requests=30, tokens=(16, 700))
     spinning = msgspec.structs.replace(base.transfer, spin_microseconds=300)
     with agents(tmp_path, msgspec.structs.replace(base, transfer=spinning)) as (prefill, decode):
-        wait_for(lambda: finished(decode, 30), what="30 requests")
+        wait_for("30 requests", lambda: finished(decode, 30), timeout=90)
         assert_all_verified(decode, 30, {"kv", "aux", "mamba"})
         assert len(decode[0].status()["lanes"]["up"]) == 1
         slack = Path(f"/proc/{prefill[0].proc.pid}/timerslack_ns")
@@ -132,7 +124,7 @@ def test_control_stays_on_zmq_unless_both_sides_have_lanes(tmp_path, prefill_lan
         prefill,
         decode,
     ):
-        wait_for(lambda: finished(decode, 6), what="6 requests over ZMQ")
+        wait_for("6 requests over ZMQ", lambda: finished(decode, 6), timeout=90)
         assert_all_verified(decode, 6, {"kv", "aux", "mamba"})
         for agent in (*prefill, *decode):
             assert agent.status().get("lanes", {"up": []})["up"] == []
@@ -143,7 +135,7 @@ def test_positional_state_types(tmp_path):
     comps = [ComponentConfig(name=t, state_type=t, item_lens=[1024, 512], num_items=128) for t in types]
     base = config(profile=None, kv_item_len=4096, kv_layers=2, components=comps)
     with agents(tmp_path, base) as (_, decode):
-        wait_for(lambda: finished(decode, 12), what="12 requests")
+        wait_for("12 requests", lambda: finished(decode, 12), timeout=90)
         assert_all_verified(decode, 12, {"kv", *types})
 
 
@@ -153,13 +145,13 @@ def test_tp_mismatched_mamba(tmp_path, ptp, dtp):
     # rooms than one rank keeps in flight: its pools are sized for that skew, not for three rooms.
     base = config(requests=8, pool_pages=512, max_requests=32)
     with agents(tmp_path, base, prefill_tp=ptp, decode_tp=dtp) as (_, decode):
-        wait_for(lambda: finished(decode, 8), timeout=60, what="8 requests per decode rank")
+        wait_for("8 requests per decode rank", lambda: finished(decode, 8), timeout=60)
         assert_all_verified(decode, 8, {"kv", "mamba"})
 
 
 def test_all_empty_requests_complete(tmp_path):
     with agents(tmp_path, config(requests=5, tokens=(0,))) as (_, decode):
-        wait_for(lambda: finished(decode, 5), what="5 empty requests")
+        wait_for("5 empty requests", lambda: finished(decode, 5), timeout=90)
         st = decode[0].status()
         assert st["requests"]["succeeded"] == 5 and st["components"] == {}
 
@@ -167,7 +159,7 @@ def test_all_empty_requests_complete(tmp_path):
 def test_schema_mismatch_refused_on_both_sides(tmp_path):
     other = config(dtype="float16")
     with agents(tmp_path, config(), decode_base=other) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["refusals"]["recent"], what="refusal on decode")
+        wait_for("refusal on decode", lambda: decode[0].status()["refusals"]["recent"], timeout=90)
         d, p = decode[0].status(), prefill[0].status()
         assert "kv dtype bfloat16 on prefill vs float16 on decode" in d["refusals"]["recent"][0]["reason"]
         assert d["refusals"]["recent"][0]["refused_by"] == "peer"
@@ -182,7 +174,7 @@ def test_generation_mismatch_refused(tmp_path):
     base = msgspec.structs.replace(config(), identity=IdentityConfig(generation="g1"))
     other = msgspec.structs.replace(config(), identity=IdentityConfig(generation="g2"))
     with agents(tmp_path, base, decode_base=other) as (_, decode):
-        wait_for(lambda: decode[0].status()["refusals"]["recent"], what="refusal")
+        wait_for("refusal", lambda: decode[0].status()["refusals"]["recent"], timeout=90)
         assert "generation g1 ≠ decode generation g2" in decode[0].status()["refusals"]["recent"][0]["reason"]
 
 
@@ -192,10 +184,10 @@ def test_dead_prefill_fails_rooms_by_heartbeat(tmp_path):
         synthetic=SyntheticConfig(requests_per_second=5, requests=0, tokens=(700,), max_inflight=2),
     )
     with agents(tmp_path, slow) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="some requests")
+        wait_for("some requests", lambda: decode[0].status()["requests"]["succeeded"] >= 2, timeout=90)
         prefill[0].signal(signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: decode[0].status()["prefill"]["0"]["state"] == "down", timeout=10, what="peer down")
+        wait_for("peer down", lambda: decode[0].status()["prefill"]["0"]["state"] == "down", timeout=10)
         assert time.monotonic() - killed < HB * 6 + 2.5
         st = decode[0].status()
         assert st["rooms"]["inflight"] == 0 and not st["ready"]
@@ -208,7 +200,7 @@ def test_dead_decode_marked_down_by_heartbeat(tmp_path):
         synthetic=SyntheticConfig(requests_per_second=5, requests=0, tokens=(700,), max_inflight=2),
     )
     with agents(tmp_path, slow) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="some requests")
+        wait_for("some requests", lambda: decode[0].status()["requests"]["succeeded"] >= 2, timeout=90)
         assert prefill[0].status()["ready"]
         decode[0].signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -217,7 +209,7 @@ def test_dead_decode_marked_down_by_heartbeat(tmp_path):
             peers = prefill[0].status()["peers"]
             return peers and all(p["state"] == "down" for p in peers.values())
 
-        wait_for(down, timeout=10, what="decode down on prefill")
+        wait_for("decode down on prefill", down, timeout=10)
         assert time.monotonic() - killed < HB * 6 + 2.5
         st = prefill[0].status()
         assert st["rooms"]["inflight"] == 0 and not st["ready"]
@@ -235,17 +227,17 @@ def test_prefill_replaced_behind_bootstrap_rehandshakes(tmp_path):
         synthetic=SyntheticConfig(requests_per_second=10, requests=0, tokens=(700,), max_inflight=2),
     )
     with agents(tmp_path, slow) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="first requests")
+        wait_for("first requests", lambda: decode[0].status()["requests"]["succeeded"] >= 2, timeout=90)
         old = decode[0].status()["prefill"]["0"]["instance"]
         prefill[0].stop()
         replacement = AgentProcess(prefill[0].cfg, tmp_path, "prefill-0-new")
         try:
             replacement.wait_ready()
-            wait_for(lambda: decode[0].status()["prefill"]["0"]["instance"] != old, what="new instance")
+            wait_for("new instance",
+                     lambda: decode[0].status()["prefill"]["0"]["instance"] != old, timeout=90)
             before = decode[0].status()["requests"]["succeeded"]
-            wait_for(
-                lambda: decode[0].status()["requests"]["succeeded"] >= before + 3, what="requests resume"
-            )
+            wait_for("requests resume",
+                     lambda: decode[0].status()["requests"]["succeeded"] >= before + 3, timeout=90)
             assert decode[0].status()["prefill"]["0"]["state"] == "paired"
             assert decode[0].status()["requests"]["verification_failures"] == 0
         finally:
@@ -267,7 +259,7 @@ def test_deadline_frees_prefill_worker_when_decode_freezes(tmp_path):
         synthetic=SyntheticConfig(requests_per_second=0, requests=0, tokens=(4096,), max_inflight=3),
     )
     with agents(tmp_path, tcp) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 2, what="first requests")
+        wait_for("first requests", lambda: decode[0].status()["requests"]["succeeded"] >= 2, timeout=90)
         for _ in range(5):  # freeze decode at a moment prefill holds a room (nearly always the first)
             decode[0].signal(signal.SIGSTOP)
             frozen_at = time.monotonic()
@@ -279,11 +271,8 @@ def test_deadline_frees_prefill_worker_when_decode_freezes(tmp_path):
         else:
             pytest.fail("prefill never held a room when decode froze")
         try:
-            wait_for(
-                lambda: prefill[0].status()["rooms"]["inflight"] == 0,
-                timeout=timeout * 1.1 + 2,
-                what="prefill rooms freed",
-            )
+            wait_for("prefill rooms freed",
+                     lambda: prefill[0].status()["rooms"]["inflight"] == 0, timeout=timeout * 1.1 + 2)
             freed_after = time.monotonic() - frozen_at
             rooms = prefill[0].status()["rooms"]
             expired = [f for f in rooms["recent_failures"] if f["reason"].startswith("deadline exceeded")]
@@ -296,8 +285,5 @@ def test_deadline_frees_prefill_worker_when_decode_freezes(tmp_path):
         finally:
             decode[0].signal(signal.SIGCONT)
         served = prefill[0].status()["rooms"]["finished"].get("success", 0)
-        wait_for(
-            lambda: prefill[0].status()["rooms"]["finished"].get("success", 0) >= served + 3,
-            timeout=30,
-            what="new rooms served after decode resumed",
-        )
+        wait_for("new rooms served after decode resumed",
+                 lambda: prefill[0].status()["rooms"]["finished"].get("success", 0) >= served + 3, timeout=30)

@@ -1,5 +1,5 @@
 """A stranger's attacks on a real prefill/decode pair's sockets, HTTP endpoints, listeners and local API
-(``dataplane.bench.attacks``, the same functions ``pdpair-agent bench attacks`` tabulates in
+(``dataplane.harness.bench.attacks``, the same functions ``pdpair-agent bench attacks`` tabulates in
 docs/security.md; the attacks on pairing are in test_security_peers.py): each asserts its bound held
 and that the pair kept serving, every room verified."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from dataplane.bench import attacks as a
+from dataplane.harness.bench import attacks as a
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 

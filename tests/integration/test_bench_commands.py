@@ -87,10 +87,10 @@ def test_room_trace_times_every_step_of_one_room() -> None:
     steps = {s["step"]: s for s in out["steps"]}
     from bench.room_trace import STEPS
 
-    assert list(steps) == [name for name, _, _ in STEPS], "a hook no longer matches the agent's code"
+    assert list(steps) == [name for name, _, _ in STEPS], "a trace point is no longer marked"
     assert all(s["rooms"] >= 350 and s["p50_us"] >= 0 for s in steps.values()), steps  # one clock
     whole = steps["all of it"]["p50_us"]
-    assert whole >= steps["prefill: the engine's post"]["p50_us"] > 0 and out["agent_p50_us"] > 0
+    assert whole >= steps["prefill: the transport's write"]["p50_us"] > 0 and out["agent_p50_us"] > 0
     bad = subprocess.run([*script, "--requests", "5"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--requests must be at least 20" in bad.stderr
 

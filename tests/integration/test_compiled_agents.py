@@ -13,8 +13,8 @@ import msgspec
 import pytest
 
 from dataplane import compiled
-from dataplane.agent.launch import run_pair
-from dataplane.commands.bench import mix_config
+from dataplane.harness.agent_processes import run_pair
+from dataplane.harness.bench.cases import mix_config
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 

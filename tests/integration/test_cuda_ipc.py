@@ -18,13 +18,13 @@ import msgspec
 import numpy as np
 import pytest
 
+from dataplane.harness.waiting import wait_for
 from tests.integration.test_agent_two_process import (
     HB,
     agents,
     assert_all_verified,
     config,
     finished,
-    wait_for,
 )
 
 torch = pytest.importorskip("torch", reason="needs a CUDA GPU")
@@ -195,7 +195,7 @@ def test_agents_over_cuda_ipc_verify_every_byte(tmp_path, profile) -> None:
     base = config(profile)
     gpu = msgspec.structs.replace(base.transfer, device="cuda", backend="cuda-ipc")
     with agents(tmp_path, msgspec.structs.replace(base, transfer=gpu)) as (_prefill, decode):
-        wait_for(lambda: finished(decode, 12), what="12 requests")
+        wait_for("12 requests", lambda: finished(decode, 12), timeout=90)
         assert_all_verified(decode, 12, {"kv", "aux"})
 
 
@@ -211,7 +211,7 @@ def test_prefill_over_cuda_ipc_survives_a_killed_decode(tmp_path) -> None:
         synthetic=SyntheticConfig(requests_per_second=20, requests=0, tokens=(700,), max_inflight=2),
     )
     with agents(tmp_path, slow) as (prefill, decode):
-        wait_for(lambda: decode[0].status()["requests"]["succeeded"] >= 3, what="some requests")
+        wait_for("some requests", lambda: decode[0].status()["requests"]["succeeded"] >= 3, timeout=90)
         decode[0].signal(signal.SIGKILL)
         killed = time.monotonic()
 
@@ -219,7 +219,7 @@ def test_prefill_over_cuda_ipc_survives_a_killed_decode(tmp_path) -> None:
             peers = prefill[0].status()["peers"]
             return bool(peers) and all(p["state"] == "down" for p in peers.values())
 
-        wait_for(down, timeout=10, what="decode down on prefill")
+        wait_for("decode down on prefill", down, timeout=10)
         assert time.monotonic() - killed < HB * 6 + 2.5
         st = prefill[0].status()
         assert st["rooms"]["inflight"] == 0 and not st["ready"]

@@ -25,10 +25,10 @@ import yaml
 
 from dashboards import build
 from dashboards.grafana import panels_of
-from dataplane.agent.launch import pairing_key_file
 from dataplane.config import parse_config
+from dataplane.harness.agent_processes import pairing_key_file
+from dataplane.harness.waiting import wait_for
 from dataplane.schema.profiles import schema_from_config
-from tests.chart_support import wait_for
 from tests.prom_support import (
     Prometheus,
     free_port,

@@ -117,7 +117,8 @@ def test_gpu_targets_install_their_engines_pinned() -> None:
     assert len(torch) == 1, f"one torch for every target: {torch}"
     assert f'--index-url "$TORCH_ROCM_INDEX" {torch.pop()}' in rocm, "agent-rocm: ROCm's wheel of it"
     assert "python -P -m dataplane.compiled --in-place" in _runs("agent-rocm")
-    ref = re.search(r'SGLANG_VERSION = "([\d.]+)"', (ROOT / "dataplane/bench/sglang_ref.py").read_text())
+    sglang_ref = (ROOT / "dataplane/harness/bench/sglang_ref.py").read_text()
+    ref = re.search(r'SGLANG_VERSION = "([\d.]+)"', sglang_ref)
     want = ["--upgrade pip==25.3", f"sglang=={ref.group(1) if ref else '?'}", ".[sglang]"]
     assert pip_installs(_runs("sglang")) == want
 
@@ -206,3 +207,33 @@ def test_every_example_names_the_target_its_transfer_needs() -> None:
                 else "agent-cuda" if transfer.get("device") == "cuda" else "agent")
         assert spec["image"] == f"ghcr.io/pdpair/{want}:{version}", path.name
         assert want in STAGES, want
+
+
+
+def test_images_leave_the_benchmarks_out_and_their_commands_say_so(tmp_path: Path) -> None:
+    """The build context lacks dataplane/harness/bench (.dockerignore); from such a copy of the package
+    the commands a pod runs start, the demo (the images' own check) runs, and ``bench`` /
+    ``sidecar-bench`` fail with one line naming what is absent."""
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    assert lines.index("dataplane/harness/bench/") > lines.index("!dataplane/")
+    bench = ROOT / "dataplane" / "harness"
+    shutil.copytree(ROOT / "dataplane", tmp_path / "dataplane",
+                    ignore=lambda d, names: ["bench"] if Path(d) == bench else ["__pycache__"])
+    assert not (tmp_path / "dataplane" / "harness" / "bench").exists()
+
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "PDPAIR_COMPILED": "off"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-P", "-m", "dataplane.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=240)
+
+    for command in ("run", "engine"):
+        done = cli(command, "--help")
+        assert done.returncode == 0, done.stderr
+    done = cli("demo", "--requests", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    for command in (["bench", "attacks"], ["bench", "transfer"], ["sidecar-bench"]):
+        done = cli(*command)
+        assert done.returncode == 2, done.stderr
+        one_line = done.stderr.strip().count("\n") == 0
+        assert one_line and "needs dataplane.harness.bench (the harness)" in done.stderr, done.stderr

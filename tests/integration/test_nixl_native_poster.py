@@ -134,7 +134,7 @@ def test_without_a_compiler_the_python_posting_thread_takes_over(
         with pytest.raises(native.NativeUnavailable, match=r"building the native poster|compiler"):
             native.build()
         buf = np.zeros(MIB, np.uint8)
-        with caplog.at_level(logging.WARNING, "pdpair.transports.nixl"):
+        with caplog.at_level(logging.WARNING, "dataplane.transports.nixl"):
             with ucx_env(NixlConfig(ucx_net_devices="lo")):
                 t = NixlTransport("no-native", NixlConfig(ucx_net_devices="lo"))
             t.register([MemoryRegion(buf.ctypes.data, buf.nbytes)])

@@ -18,11 +18,12 @@ import msgspec
 import pytest
 
 from dataplane.agent.http import get_json
-from dataplane.agent.launch import AgentProcess, loopback_pair
 from dataplane.codec import encode_manifest, manifest_from_schema
 from dataplane.errors import LocalApiError
+from dataplane.harness.agent_processes import AgentProcess, loopback_pair
+from dataplane.harness.sidecar_pair import EngineProcess, SidecarPair
+from dataplane.harness.waiting import wait_for
 from dataplane.localapi import AgentClient
-from dataplane.localapi.launch import EngineProcess, SidecarPair, wait_for
 from dataplane.schema.profiles import schema_from_config
 from tests.integration.test_sidecar import assert_verified, config
 
@@ -48,7 +49,7 @@ def assert_pair_verified(pair: SidecarPair, components: set[str]) -> None:
     want = ROOMS * pair.cfg["decode"].dp_size
     for engine in pair.rank_engines["prefill"]:
         sent = engine.count
-        wait_for(lambda s=sent: s("succeeded") == want, timeout=30, what=f"{want} rooms sent by {engine.tag}")
+        wait_for(f"{want} rooms sent by {engine.tag}", lambda s=sent: s("succeeded") == want, timeout=30)
 
 
 def pod_status(pair: SidecarPair, role: str) -> dict:
@@ -96,7 +97,7 @@ def test_a_second_connection_for_a_connected_rank_is_refused(tmp_path):
         with pytest.raises(LocalApiError, match=r"engine rank 2 is not served here .* 0, 1 of tpSize 2"):
             client(2).connect()
         # the ranks' own engines are untouched: the pod pairs and stays paired
-        wait_for(lambda: pod_status(pair, "prefill")["ready"], timeout=30, what="prefill pod ready")
+        wait_for("prefill pod ready", lambda: pod_status(pair, "prefill")["ready"], timeout=30)
         assert all(r["peers"] for r in pod_status(pair, "prefill")["ranks"].values())
 
 
@@ -112,7 +113,7 @@ def test_in_process_pods_tp2_to_tp2_pair_rank_by_rank(tmp_path):
             ranks = decode.status()["ranks"]
             return all(ranks[r]["requests"]["completed"] >= ROOMS for r in ("0", "1"))
 
-        wait_for(done, timeout=90, what=f"{ROOMS} requests per decode rank")
+        wait_for(f"{ROOMS} requests per decode rank", done, timeout=90)
         st = decode.status()
         for r in ("0", "1"):
             req, comps = st["ranks"][r]["requests"], st["ranks"][r]["components"]
@@ -146,7 +147,7 @@ def test_the_synthetic_engine_runs_one_process_per_rank(tmp_path):
         reports = [json.loads(Path(f"{engine.report_path}.rank{r}").read_text()) for r in (0, 1)]
         for report in reports:
             assert_verified(report, ROOMS, {"kv", "aux", "mamba"})
-        wait_for(lambda: pair.engines["prefill"].count("succeeded") == ROOMS, timeout=30,
-                 what="one room per request on prefill: the decode ranks shared them")
+        wait_for("one room per request on prefill: the decode ranks shared them",
+                 lambda: pair.engines["prefill"].count("succeeded") == ROOMS, timeout=30)
     finally:
         pair.stop()

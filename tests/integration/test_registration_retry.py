@@ -16,11 +16,11 @@ import pytest
 import zmq
 
 from dataplane.agent import AgentRuntime
-from dataplane.agent.launch import loopback_pair
 from dataplane.agent.peerauth import Pending
 from dataplane.codec.auth import new_nonce, pair_id, prove_registration
 from dataplane.codec.frames import int_frame
 from dataplane.config import AgentConfig, ListenConfig, ModelConfig, SyntheticConfig, TransferConfig
+from dataplane.harness.agent_processes import loopback_pair
 from tests.inprocess import verified_run
 
 pytestmark = pytest.mark.nixl
@@ -99,7 +99,7 @@ def test_a_different_registration_fails_the_old_pairings_rooms_with_a_status(cap
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
-    caplog.set_level(logging.WARNING, logger="pdpair")
+    caplog.set_level(logging.WARNING)
     try:
         deadline = time.monotonic() + 30
         while not prefill.worker.peers and time.monotonic() < deadline:

@@ -3,7 +3,7 @@
 attacker on the pod network would — a third decode without the key or with another PDPair's (no
 address from ``/topology``, its registration sent straight to the control port), forged
 registrations, transfer metadata and refusals naming the real peers, replays. Each attack is a function
-of ``dataplane.bench.attacks`` (a row of ``pdpair-agent bench attacks``' table in docs/security.md):
+of ``dataplane.harness.bench.attacks`` (a row of ``pdpair-agent bench attacks``' table in docs/security.md):
 it is refused and counted by reason on the agent it targets (``/status`` ``refusals``), gets no
 answer, and the real pair keeps serving, paired, with every byte of every room verified.
 """
@@ -15,24 +15,15 @@ import signal
 import time
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from dataplane.bench import attacks as a
 from dataplane.codec.auth import new_nonce, prove_registration
+from dataplane.harness.bench import attacks as a
+from dataplane.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 
-
-def wait_for(pred: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -143,14 +134,14 @@ def test_a_decode_prefill_dropped_gets_no_answer_then_pairs_again() -> None:
             peers = prefill.status()["peers"]
             return bool(peers) and all(p["state"] == "down" for p in peers.values())
 
-        wait_for(dropped, timeout=20, what="decode dropped by prefill")
+        wait_for("decode dropped by prefill", dropped, timeout=20)
         # Prefill drops decode a heartbeat limit after decode's last beat, and decode's last turn may have
         # come up to a beat later: frozen one limit more, decode's stall is past the limit in any phase.
         tr = decode.cfg.transfer
         time.sleep(tr.heartbeat_interval_seconds * tr.heartbeat_misses)
         decode.signal(signal.SIGCONT)
-        wait_for(lambda: "decode stalled" in decode.log_path.read_text(), what="decode's stall noticed")
-        wait_for(lambda: decode.status()["prefill"]["0"]["state"] == "paired", what="paired again")
+        wait_for("decode's stall noticed", lambda: "decode stalled" in decode.log_path.read_text())
+        wait_for("paired again", lambda: decode.status()["prefill"]["0"]["state"] == "paired")
         rooms = pair.served()
         assert pair.wait_served(5, since=rooms), "no rooms of the new pairing"
         assert pair.served()["verification_failures"] == 0

@@ -22,7 +22,8 @@ pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.disaggregation.base.conn")
 
 from dataplane.config import AgentConfig, ModelConfig, TransferConfig
-from dataplane.localapi.launch import SidecarPair, wait_for
+from dataplane.harness.sidecar_pair import SidecarPair
+from dataplane.harness.waiting import wait_for
 from tests.integration.sglang_rank import (
     FAMILIES,
     Rank,
@@ -85,6 +86,12 @@ def agents_config(timeout: float = 10.0) -> AgentConfig:
     )
 
 
+def bootstrap_addr(pair: SidecarPair) -> str:
+    """The prefill agent's bootstrap ``host:port``: what sglang's router hands decode for a request."""
+    listen = pair.cfg["prefill"].listen
+    return f"{listen.host}:{listen.bootstrap_port}"
+
+
 class Pods:
     """A prefill and a decode pod: per role an agent process and an sglang rank in this process."""
 
@@ -99,7 +106,7 @@ class Pods:
         for role in ("prefill", "decode"):
             # the operator sets the socket on each engine container; sglang builds the manager after it
             os.environ["PDPAIR_AGENT_SOCKET"] = self.pair.cfg[role].localapi.engine.socket_path
-            self.ranks[role] = Rank(role, self.family)
+            self.ranks[role] = Rank(role, self.family, bootstrap_addr=bootstrap_addr(self.pair))
         for agent in self.pair.agents.values():
             agent.wait_ready(60)
         return self
@@ -108,7 +115,7 @@ class Pods:
         sock = Path(self.pair.cfg[role].localapi.engine.socket_path)
         sock.unlink(missing_ok=True)
         self.pair.start_agent(role)
-        wait_for(lambda: sock.exists(), timeout=30, what=f"{role} agent socket")
+        wait_for(f"{role} agent socket", lambda: sock.exists(), timeout=30)
 
     def __exit__(self, *exc: object) -> None:
         for rank in self.ranks.values():
@@ -196,7 +203,7 @@ def test_an_agent_restarted_under_a_running_engine(plugin, tmp_path, role):
         assert result[lost.room][0] == FAILED, result
         pods.start_agent(role)
         client = pods.ranks[role].manager.client
-        wait_for(lambda: _reconnected(client), timeout=30, what=f"{role} engine re-registered")
+        wait_for(f"{role} engine re-registered", lambda: _reconnected(client), timeout=30)
         for agent in pods.pair.agents.values():
             agent.wait_ready(60)
         time.sleep(1.0)  # decode re-pairs with the new prefill instance (heartbeat)
@@ -246,12 +253,12 @@ def test_prefill_tp2_to_decode_tp1_every_slice_lands(plugin, tmp_path):
         for role in ("prefill", "decode"):
             pair.start_agent(role)
             sock = Path(pair.cfg[role].localapi.engine.socket_path)
-            wait_for(lambda s=sock: s.exists(), timeout=30, what=f"{role} socket")
+            wait_for(f"{role} socket", lambda s=sock: s.exists(), timeout=30)
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["prefill"].localapi.engine.socket_path
         prefills = [Rank("prefill", fam, tp_size=2, tp_rank=r) for r in (0, 1)]
         ranks += prefills
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["decode"].localapi.engine.socket_path
-        decode = Rank("decode", fam)
+        decode = Rank("decode", fam, bootstrap_addr=bootstrap_addr(pair))
         ranks.append(decode)
         for agent in pair.agents.values():
             agent.wait_ready(60)
@@ -288,12 +295,13 @@ def test_a_dp_attention_decode_rank_above_its_attention_tp_size_receives(plugin,
         for role in ("prefill", "decode"):
             pair.start_agent(role)
             sock = Path(pair.cfg[role].localapi.engine.socket_path)
-            wait_for(lambda s=sock: s.exists(), timeout=30, what=f"{role} socket")
+            wait_for(f"{role} socket", lambda s=sock: s.exists(), timeout=30)
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["prefill"].localapi.engine.socket_path
         prefill = Rank("prefill", fam)
         ranks.append(prefill)
         os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg["decode"].localapi.engine.socket_path
-        decodes = [Rank("decode", fam, tp_size=2, dp_size=2, tp_rank=r) for r in (0, 1)]
+        decodes = [Rank("decode", fam, tp_size=2, dp_size=2, tp_rank=r, bootstrap_addr=bootstrap_addr(pair))
+                   for r in (0, 1)]
         ranks += decodes
         for agent in pair.agents.values():
             agent.wait_ready(60)

@@ -33,7 +33,8 @@ pytestmark = [
 ]
 
 from dataplane.config import AgentConfig, ModelConfig, TransferConfig  # noqa: E402
-from dataplane.localapi.launch import SidecarPair, wait_for  # noqa: E402
+from dataplane.harness.sidecar_pair import SidecarPair  # noqa: E402
+from dataplane.harness.waiting import wait_for  # noqa: E402
 from tests.integration.sglang_rank import (  # noqa: E402
     FAMILIES,
     Rank,
@@ -79,10 +80,12 @@ def test_sglang_cuda_pools_through_ipc_verified_with_rate(plugin, tmp_path: Path
         for role in ("prefill", "decode"):
             pair.start_agent(role)
             sock = Path(pair.cfg[role].localapi.engine.socket_path)
-            wait_for(lambda s=sock: s.exists(), timeout=60, what=f"{role} socket")
+            wait_for(f"{role} socket", lambda s=sock: s.exists(), timeout=60)
         for role in ("prefill", "decode"):
             os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg[role].localapi.engine.socket_path
-            ranks[role] = Rank(role, fam, device="cuda", aux_slots=ROOMS + 1)
+            listen = pair.cfg["prefill"].listen  # the request's bootstrap address: prefill's agent
+            ranks[role] = Rank(role, fam, device="cuda", aux_slots=ROOMS + 1,
+                               bootstrap_addr=f"{listen.host}:{listen.bootstrap_port}")
         for agent in pair.agents.values():
             agent.wait_ready(120)
         assert all(r.kind == "cuda_ipc" for r in ranks["prefill"].manager.regions)

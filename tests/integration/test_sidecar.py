@@ -20,8 +20,9 @@ from dataplane.agent.pools import MemoryPools
 from dataplane.agent.synthetic import SyntheticEngine, items_for_tokens
 from dataplane.codec import encode_manifest, manifest_from_schema
 from dataplane.config import AgentConfig, ComponentConfig, ModelConfig, SyntheticConfig, TransferConfig
+from dataplane.harness.sidecar_pair import SidecarPair
+from dataplane.harness.waiting import wait_for
 from dataplane.localapi import AgentClient, SharedPools
-from dataplane.localapi.launch import SidecarPair, wait_for
 from dataplane.schema.profiles import schema_from_config
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
@@ -68,7 +69,7 @@ def test_every_profile_moves_engine_memory_verified_per_component(tmp_path, prof
         assert decode.wait(60) == 0, decode.log_tail()
         assert_verified(decode.report(), 12, components)
         prefill = pair.engines["prefill"]
-        wait_for(lambda: prefill.count("succeeded") == 12, timeout=5, what="12 rooms sent by prefill")
+        wait_for("12 rooms sent by prefill", lambda: prefill.count("succeeded") == 12, timeout=5)
 
 
 def test_agents_without_a_layout_adopt_their_engines_schema(tmp_path):
@@ -116,7 +117,7 @@ def test_prefill_engine_may_send_before_decode_asks(tmp_path):
     client = AgentClient(pcfg.localapi.engine.socket_path, role="prefill",
                          manifest=encode_manifest(manifest_from_schema(schema, role="prefill")))
     try:
-        wait_for(lambda: _try_register(client, shared), what="prefill agent socket")
+        wait_for("prefill agent socket", lambda: _try_register(client, shared))
         pair.agents["prefill"].wait_ready()
         synthetic = SyntheticEngine(MemoryPools.adopt(schema, shared.buffers))
         counts = items_for_tokens(schema, 1000)
@@ -159,30 +160,30 @@ def test_decode_engine_killed_fails_rooms_unmaps_and_serves_the_next_engine(tmp_
     with SidecarPair(cfg, tmp_path, decode_args=["--inflight", "2"]) as pair:
         decode, prefill, agent = pair.engines["decode"], pair.engines["prefill"], pair.agents["decode"]
         prefill_agent = pair.agents["prefill"]
-        wait_for(lambda: decode.count("verified") >= 5, what="some verified rooms")
+        wait_for("some verified rooms", lambda: decode.count("verified") >= 5)
         maps = Path(f"/proc/{agent.proc.pid}/maps")
         assert "memfd:pdpair-" in maps.read_text()
         prefill.proc.send_signal(signal.SIGSTOP)
         time.sleep(0.5)
         decode.kill()
-        wait_for(lambda: "failed: engine disconnected" in agent.log_tail(60), timeout=3,
-                 what="decode agent failing its rooms")
+        wait_for("decode agent failing its rooms",
+                 lambda: "failed: engine disconnected" in agent.log_tail(60), timeout=3)
         told = "failed: aborted by decode: engine disconnected"
-        wait_for(lambda: told in prefill_agent.log_tail(60), timeout=3, what="prefill agent told")
+        wait_for("prefill agent told", lambda: told in prefill_agent.log_tail(60), timeout=3)
         prefill.proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: prefill.count("failed: aborted by decode") >= 1, timeout=5, what="engine told")
-        wait_for(lambda: "memfd:pdpair-" not in maps.read_text(), timeout=10, what="engine memory unmapped")
+        wait_for("engine told", lambda: prefill.count("failed: aborted by decode") >= 1, timeout=5)
+        wait_for("engine memory unmapped", lambda: "memfd:pdpair-" not in maps.read_text(), timeout=10)
 
         def old_address_lost():
             return "heartbeat lost" in prefill_agent.log_path.read_text()
 
         prefill.proc.send_signal(signal.SIGSTOP)
         again = pair.start_engine("decode", ["--requests", "6"])
-        wait_for(lambda: prefill_agent.status()["rooms"]["inflight"] >= 1, timeout=10,
-                 what="the next engine's rooms waiting at prefill")
+        wait_for("the next engine's rooms waiting at prefill",
+                 lambda: prefill_agent.status()["rooms"]["inflight"] >= 1, timeout=10)
         assert not old_address_lost(), "the old decode address was lost before the next engine's rooms came"
-        wait_for(old_address_lost, timeout=LOST_BEATS * cfg.transfer.heartbeat_interval_seconds + 5,
-                 what="prefill dropping the killed engine's decode address")
+        wait_for("prefill dropping the killed engine's decode address",
+                 old_address_lost, timeout=LOST_BEATS * cfg.transfer.heartbeat_interval_seconds + 5)
         status = prefill_agent.status()
         rooms = status["rooms"]
         assert rooms["inflight"] >= 1, f"the next engine's rooms failed with the old address: {rooms}"
@@ -196,13 +197,13 @@ def test_prefill_engine_killed_fails_decode_rooms_with_the_reason(tmp_path):
     cfg = config(requests=0, tokens=(2048,), timeout=20)
     with SidecarPair(cfg, tmp_path) as pair:
         decode = pair.engines["decode"]
-        wait_for(lambda: decode.count("verified") >= 5, what="some verified rooms")
+        wait_for("some verified rooms", lambda: decode.count("verified") >= 5)
         pair.engines["prefill"].kill()
-        wait_for(lambda: decode.count("failed") >= 1 or decode.report().get("inflight") == 0, timeout=10,
-                 what="decode rooms failed")
+        wait_for("decode rooms failed",
+                 lambda: decode.count("failed") >= 1 or decode.report().get("inflight") == 0, timeout=10)
         pair.start_engine("prefill")
         before = decode.count("verified")
-        wait_for(lambda: decode.count("verified") >= before + 5, timeout=30, what="rooms verified again")
+        wait_for("rooms verified again", lambda: decode.count("verified") >= before + 5, timeout=30)
         assert decode.count("verification_failures") == 0
 
 
@@ -211,20 +212,20 @@ def test_agent_killed_engine_gets_clear_errors_and_reregisters(tmp_path, role):
     cfg = config(requests=0, tokens=(2048,), timeout=10)
     with SidecarPair(cfg, tmp_path) as pair:
         decode, engine = pair.engines["decode"], pair.engines[role]
-        wait_for(lambda: decode.count("verified") >= 5, what="some verified rooms")
+        wait_for("some verified rooms", lambda: decode.count("verified") >= 5)
         pair.agents[role].signal(signal.SIGKILL)
         pair.agents[role].stop()
-        wait_for(lambda: "unavailable" in engine.report().get("last_error", ""), timeout=10,
-                 what="engine sees the agent gone")
+        wait_for("engine sees the agent gone",
+                 lambda: "unavailable" in engine.report().get("last_error", ""), timeout=10)
         assert engine.proc.poll() is None, "the engine keeps running without its agent"
         if role == "decode":
-            wait_for(lambda: decode.count("unavailable_calls") >= 1, what="clear errors")
+            wait_for("clear errors", lambda: decode.count("unavailable_calls") >= 1)
         before = decode.count("verified")
         pair.start_agent(role).wait_ready(30)
-        wait_for(lambda: decode.count("verified") >= before + 5, timeout=40, what="rooms verified again")
+        wait_for("rooms verified again", lambda: decode.count("verified") >= before + 5, timeout=40)
         # The engine's report file is rewritten every 0.5 s: wait for it rather than read it once.
-        wait_for(lambda: engine.report()["connections"] >= 2, timeout=5,
-                 what="the client reconnected and re-registered its pools")
+        wait_for("the client reconnected and re-registered its pools",
+                 lambda: engine.report()["connections"] >= 2, timeout=5)
         assert decode.count("verification_failures") == 0
 
 
@@ -236,7 +237,7 @@ def test_pools_registered_again_on_one_connection_keep_the_engines_room_states(t
     try:
         pair.start_agent("decode")
         sock = Path(pair.cfg["decode"].localapi.engine.socket_path)
-        wait_for(sock.exists, timeout=60, what="decode socket")
+        wait_for("decode socket", sock.exists, timeout=60)
         schema = schema_from_config(pair.cfg["decode"])
         manifest = encode_manifest(manifest_from_schema(schema, role="decode"))
         with SharedPools([(r.name, r.component, r.tensor, r.size) for r in schema.regions()]) as pools, \

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
-from dataplane.localapi.launch import SidecarPair, wait_for
+from dataplane.harness.sidecar_pair import SidecarPair
+from dataplane.harness.waiting import wait_for
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -43,4 +44,4 @@ def test_engine_cuda_pools_imported_by_ipc_and_transferred(tmp_path, profile, co
             assert c["bytes"] > 0 and c["bad"] == 0, name
         maps = Path(f"/proc/{pair.agents['decode'].proc.pid}/maps").read_text()
         assert "memfd:pdpair" not in maps, "device pools must not fall back to host memory"
-        wait_for(lambda: pair.engines["prefill"].count("succeeded") == 12, timeout=10, what="prefill done")
+        wait_for("prefill done", lambda: pair.engines["prefill"].count("succeeded") == 12, timeout=10)

@@ -1,5 +1,5 @@
-"""The control plumbing's bounds (``agent.control``): outgoing sockets bounded by the paired peers, sends
-that never raise, the message cap sized to the schema, throttled warnings."""
+"""The control plumbing's bounds (``agent.control_sockets``): outgoing sockets bounded by the paired peers,
+sends that never raise, the message cap sized to the schema, throttled warnings."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import logging
 import pytest
 import zmq
 
-from dataplane.agent import control
-from dataplane.agent.control import LogThrottle, Pushers, message_budget
-from dataplane.agent.launch import free_port
+from dataplane.agent import control_sockets as control
+from dataplane.agent.control_sockets import LogThrottle, Pushers, message_budget
+from dataplane.harness.agent_processes import free_port
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_a_send_zmq_refuses_is_a_counted_drop_not_an_exception(ctx):
 def test_a_full_queue_is_counted_and_its_warnings_throttled(ctx, caplog):
     pushers = Pushers(ctx)
     address = f"tcp://127.0.0.1:{free_port()}"  # nobody listens: sends queue up to the high-water mark
-    with caplog.at_level(logging.WARNING, logger="pdpair.agent.control"):
+    with caplog.at_level(logging.WARNING, logger="dataplane.agent.control_sockets"):
         sent = sum(pushers.send(address, [b"x"]) for _ in range(control.HWM + 500))
     assert sent == control.HWM and pushers.drops["queue_full"] == 500
     assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == 1

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dataplane.agent import lanes as lanes_mod
-from dataplane.agent.control import Inbox, Pushers
+from dataplane.agent.control_sockets import Inbox, Pushers
 from dataplane.agent.lanes import LANE_HELLO, MAX_FRAMES, FrameReader, LaneError, Lanes, pack
 
 MAX = 1 << 20
@@ -243,7 +243,7 @@ def test_unknown_connections_are_capped(pair, monkeypatch):
 
 
 def test_inbox_wait_copes_with_descriptors_select_cannot_watch(monkeypatch):
-    from dataplane.agent import control
+    from dataplane.agent import control_sockets as control
 
     ctx = zmq.Context()
     la = Lanes("127.0.0.1", 0, MAX)
@@ -299,7 +299,7 @@ def test_corked_sends_leave_together_in_order_on_uncork(pair):
 
 @pytest.mark.parametrize("setsize", [1024, 0], ids=["select", "poll"])
 def test_inbox_spin_ends_at_its_deadline_or_when_a_message_is_there(monkeypatch, setsize, two_inboxes):
-    from dataplane.agent import control
+    from dataplane.agent import control_sockets as control
 
     monkeypatch.setattr(control, "FD_SETSIZE", setsize)
     a, b = two_inboxes
@@ -337,7 +337,7 @@ def test_inbox_spin_ends_at_a_helpers_hand_off(two_inboxes):
 def test_a_zmq_flood_does_not_starve_the_lanes(two_inboxes):
     """With hundreds of ZMQ messages queued, a lane's message is read within ``ZMQ_RUN`` + 1 messages:
     the ZMQ socket faces the pod network, the lane a paired peer."""
-    from dataplane.agent.control import ZMQ_RUN
+    from dataplane.agent.control_sockets import ZMQ_RUN
 
     a, b = two_inboxes
     b.lanes.dial(a.address, "127.0.0.1", a.lanes.port, a.lanes.invite(b.address), b.address)

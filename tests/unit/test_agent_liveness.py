@@ -8,7 +8,7 @@ import time
 
 import zmq
 
-from dataplane.agent.control import WAKE, Inbox
+from dataplane.agent.control_sockets import WAKE, Inbox
 from dataplane.agent.forward import ForwardThread
 from dataplane.agent.liveness import Heartbeats
 from dataplane.codec import Heartbeat, decode_control

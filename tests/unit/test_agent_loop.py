@@ -68,8 +68,8 @@ def test_messages_handled_together_nest_and_restore_the_turn():
     and corks the lanes; a nested batch (the sidecar's engine requests inside a drained batch) keeps
     the larger count and leaves restoring both to the outer one."""
     from dataplane.agent import AgentRuntime
-    from dataplane.agent.launch import loopback_pair
     from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.harness.agent_processes import loopback_pair
     from dataplane.transports import mori_double
 
     (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
@@ -95,9 +95,9 @@ def test_the_transport_wakes_its_worker_from_another_thread():
     thread, once a queued write is posted) ends the worker's blocked wait with a ``WAKE`` frame; a
     hand-off while the worker is awake sends none, and the worker's next wait does not block."""
     from dataplane.agent import AgentRuntime
-    from dataplane.agent.control import WAKE
-    from dataplane.agent.launch import loopback_pair
+    from dataplane.agent.control_sockets import WAKE
     from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.harness.agent_processes import loopback_pair
     from dataplane.transports import mori_double
 
     (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
@@ -141,8 +141,8 @@ def test_an_engine_request_handed_to_an_awake_sidecar_worker_is_drained_in_its_n
     import functools
 
     from dataplane.agent import AgentRuntime
-    from dataplane.agent.launch import loopback_pair
     from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.harness.agent_processes import loopback_pair
     from dataplane.localapi.link import AbortCmd, EngineLink
     from dataplane.localapi.sidecar import external_worker
     from dataplane.transports import mori_double
@@ -172,8 +172,8 @@ def test_a_runtime_whose_worker_cannot_be_made_closes_its_transport(monkeypatch:
     """A sidecar builds a runtime per engine connection: one that fails half-way (here the worker) must
     not leave the transport's threads behind, or an engine retrying every half second piles them up."""
     from dataplane.agent import AgentRuntime, runtime
-    from dataplane.agent.launch import loopback_pair
     from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.harness.agent_processes import loopback_pair
     from dataplane.transports import mori_double
 
     made = []
@@ -200,8 +200,8 @@ def test_a_sidecar_worker_polls_for_its_engines_answer_after_pushing_what_it_act
     import functools
 
     from dataplane.agent import AgentRuntime
-    from dataplane.agent.launch import loopback_pair
     from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.harness.agent_processes import loopback_pair
     from dataplane.localapi.link import AbortCmd, EngineLink
     from dataplane.localapi.sidecar import external_worker
     from dataplane.transports import mori_double
@@ -236,8 +236,8 @@ def test_a_worker_loop_that_fails_still_runs_its_shutdown():
     """A bug that ends the loop must not leave the hooks undone (the sidecar's returns the engine's
     connection to its thread, which would otherwise wait for it for ever) or the sockets open."""
     from dataplane.agent import AgentRuntime
-    from dataplane.agent.launch import loopback_pair
     from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.harness.agent_processes import loopback_pair
     from dataplane.transports import mori_double
 
     (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))
@@ -264,9 +264,9 @@ def test_prefill_takes_a_burst_of_messages_a_few_per_turn():
     import zmq
 
     from dataplane.agent import AgentRuntime
-    from dataplane.agent.launch import loopback_pair
     from dataplane.codec import Heartbeat, encode_control
     from dataplane.config import AgentConfig, TransferConfig
+    from dataplane.harness.agent_processes import loopback_pair
     from dataplane.transports import mori_double
 
     (p_cfg,), _ = loopback_pair(AgentConfig(transfer=TransferConfig(backend="mori")))

@@ -6,8 +6,8 @@ loopback HTTP/ZMQ, move a hybrid profile's KV, aux and mamba state, and decode v
 from __future__ import annotations
 
 from dataplane.agent import AgentRuntime
-from dataplane.agent.launch import loopback_pair
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
+from dataplane.harness.agent_processes import loopback_pair
 from dataplane.transports import mori_double
 from dataplane.transports.mori import MoriTransport
 from tests.inprocess import verified_run

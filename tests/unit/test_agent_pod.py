@@ -12,9 +12,9 @@ import msgspec
 import pytest
 
 from dataplane.agent.http import get_json
-from dataplane.agent.launch import loopback_pair
 from dataplane.agent.pod import PodConditions, start_in_process
 from dataplane.config import AgentConfig, ListenConfig, ModelConfig, TransferConfig
+from dataplane.harness.agent_processes import loopback_pair
 from dataplane.transports import mori_double
 
 

@@ -14,9 +14,10 @@ import msgspec
 
 from dataplane.agent import AgentRuntime
 from dataplane.agent.decode import DecodeWorker
-from dataplane.agent.launch import loopback_pair
+from dataplane.agent.sources import SyntheticDecodeSource
 from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig
-from dataplane.engine.synthetic_engine import SyntheticEngineProcess
+from dataplane.harness.agent_processes import loopback_pair
+from dataplane.synthetic_engine.process import SyntheticEngineProcess
 from dataplane.transports import mori_double
 
 WARMUP, INFLIGHT, REQUESTS = 3, 3, 9
@@ -33,32 +34,36 @@ def config() -> AgentConfig:
     )
 
 
-class RecordingDecode(DecodeWorker):
-    """Decode's own worker, noting how many rooms were in flight as each room started."""
+class RecordingSource(SyntheticDecodeSource):
+    """Decode's own synthetic rooms, noting how many rooms were in flight as each room started."""
 
-    def setup(self) -> None:
-        super().setup()
+    def __init__(self) -> None:
+        super().__init__()
         self.live_at_start: list[int] = []
 
     def new_room(self, tokens: int) -> bool:
-        live = len(self.rooms)
+        live = len(self.worker.rooms)
         started = super().new_room(tokens)
         if started:
             self.live_at_start.append(live)
         return started
 
 
+def recording_decode(*args: Any, **kwargs: Any) -> DecodeWorker:
+    return DecodeWorker(*args, source=RecordingSource(), **kwargs)
+
+
 def test_decode_starts_counted_rooms_only_after_every_warmup_room_finished() -> None:
     (p_cfg,), (d_cfg,) = loopback_pair(config())
     prefill = AgentRuntime(p_cfg, transport_sdk=mori_double).start()
-    decode = AgentRuntime(d_cfg, transport_sdk=mori_double, worker_factory=RecordingDecode).start()
+    decode = AgentRuntime(d_cfg, transport_sdk=mori_double, worker_factory=recording_decode).start()
     try:
         deadline = time.monotonic() + 30
         while decode.worker.completed < REQUESTS and time.monotonic() < deadline:
             time.sleep(0.02)
         worker: Any = decode.worker
         assert decode.status.snapshot()["requests"]["succeeded"] == REQUESTS
-        live = worker.live_at_start
+        live = worker.source.live_at_start
         assert len(live) == REQUESTS
         assert live[WARMUP] == 0, live  # the first counted room waited for the warm-up rooms
         assert max(live[:WARMUP]) > 0 and max(live[WARMUP:]) > 0, live  # both phases ran rooms in parallel

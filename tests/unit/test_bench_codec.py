@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 
-from dataplane.bench.codec import Result, Timing, fragmented_pages, make_inputs, rates, render
 from dataplane.commands import bench
+from dataplane.harness.bench.codec import Result, Timing, fragmented_pages, make_inputs, rates, render
 
 
 def test_bench_group_has_codec_subcommand() -> None:

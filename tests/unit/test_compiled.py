@@ -36,7 +36,7 @@ def test_an_edited_source_names_a_new_copy(package: Path) -> None:
     (package / "__pycache__").mkdir(exist_ok=True)
     (package / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"ignored")
     assert compiled.digest(package) == before
-    target = package / "agent" / "rooms.py"
+    target = package / "room" / "lifecycle.py"
     target.write_text(target.read_text() + "\n# edited\n")
     assert compiled.digest(package) != before
 

@@ -1,4 +1,4 @@
-"""The link's pushes and when the external workers make them: a state the engine acts on at once (then
+"""The link's pushes and when the role workers make them: a state the engine acts on at once (then
 the worker polls for the engine's answer instead of sleeping, ``localapi.engine.replySpinMicroseconds``),
 one it only shows within ``SHOW_WITHIN`` — usually overtaken by the room's Success."""
 
@@ -12,14 +12,16 @@ import pytest
 from dataplane.codec import KVPoll
 from dataplane.config import AgentConfig
 from dataplane.localapi.link import EngineLink
-from dataplane.localapi.workers import SHOW_WITHIN, EngineSide
+from dataplane.localapi.sources import SHOW_WITHIN, EngineSide
 
 
 def worker(reply_spin_us: int) -> SimpleNamespace:
     """The parts of a role worker ``EngineSide`` touches."""
     cfg = AgentConfig().with_engine(reply_spin_microseconds=reply_spin_us)
     inbox = SimpleNamespace(waker=lambda: lambda: None)
-    return SimpleNamespace(cfg=cfg, inbox=inbox, owns_items=True, on_shutdown=[], spin_until=0.0)
+    return SimpleNamespace(
+        cfg=cfg, inbox=inbox, owns_items=True, on_shutdown=[], spin_until=0.0, role="prefill", tracing=False
+    )
 
 
 def test_flush_pushes_the_latest_state_per_room_once_and_says_what_it_pushed():

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from dataplane.errors import FrameTooLarge, WireFormatError
-from dataplane.localapi.frames import Closed, FrameReader, send_frame
 from dataplane.localapi.messages import (
     LOCALAPI_VERSION,
     Abort,
@@ -31,6 +30,7 @@ from dataplane.localapi.messages import (
     pack_indices,
     unpack_indices,
 )
+from dataplane.localapi.stream import Closed, FrameReader, send_frame
 
 ENGINE = [
     Hello(version=LOCALAPI_VERSION, role="prefill", engine_id="e", manifest=b"PDPM\x01x", pid=7, seq=1),

@@ -16,8 +16,8 @@ import pytest
 from dataplane.codec import encode_manifest, manifest_from_schema
 from dataplane.config import AgentConfig, ModelConfig
 from dataplane.errors import AgentUnavailable, DeadlineExceeded, LocalApiError
+from dataplane.harness.waiting import wait_for
 from dataplane.localapi import AgentClient, SharedPools
-from dataplane.localapi.frames import FrameReader, send_frame
 from dataplane.localapi.link import AbortCmd, ExpectCmd, SendCmd
 from dataplane.localapi.messages import (
     Error,
@@ -28,6 +28,7 @@ from dataplane.localapi.messages import (
 )
 from dataplane.localapi.server import LocalApiServer
 from dataplane.localapi.sidecar import Sidecar
+from dataplane.localapi.stream import FrameReader, send_frame
 from dataplane.schema.profiles import schema_from_config
 
 CFG = AgentConfig(model=ModelConfig(profile="qwen3-next", pool_pages=16, max_requests=4))
@@ -314,19 +315,15 @@ def test_a_lent_connection_is_read_by_the_worker_and_comes_back_for_what_it_does
             assert len(handler.readers) == 1 and handler.returned == 0
             c.register_pools(pools.regions, pools.fds)  # back to the connection thread, then lent again
             assert handler.registered == [(len(regions), 1)] * 2
-            wait_until(lambda: handler.returned == 1 and len(handler.readers) == 2)
+            wait_for("the reader lent again", lambda: handler.returned == 1 and len(handler.readers) == 2,
+                     timeout=5, interval=0.01)
             c.abort(5, "cancelled", ack=True)
             assert handler.commands[-1] == AbortCmd(5, "cancelled")
-        wait_until(lambda: handler.returned == 2 and handler.gone == ["engine disconnected"])
+        wait_for("the engine's disconnect handled",
+                 lambda: handler.returned == 2 and handler.gone == ["engine disconnected"],
+                 timeout=5, interval=0.01)
     finally:
         server.stop()
-
-
-def wait_until(predicate, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def test_wait_change_polls_first_then_sleeps_and_returns_on_a_push(served):

@@ -13,9 +13,9 @@ import pytest
 from dataplane.config import AgentConfig, ModelConfig
 from dataplane.errors import BadInput, PDPairError, SchemaError
 from dataplane.localapi import SharedPools
-from dataplane.localapi.frames import FrameReader, send_frame
 from dataplane.localapi.mapping import check_regions, map_pools
 from dataplane.localapi.shm import huge_pages, map_named
+from dataplane.localapi.stream import FrameReader, send_frame
 from dataplane.schema.profiles import schema_from_config
 
 SCHEMA = schema_from_config(

@@ -97,6 +97,7 @@ def test_bootstrap_service_selects_only_its_generations_prefill_and_publishes_no
     assert svc["spec"]["selector"] == {naming.LABEL_NAME: "demo", naming.LABEL_KIND: "pod",
                                        naming.LABEL_ROLE: "prefill", naming.LABEL_GENERATION: "abc"}
     assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["sessionAffinity"] == "ClientIP", "each decode stays on one prefill pod"
 
 
 def test_generation_hash_ignores_replicas_and_strategy_but_not_image() -> None:

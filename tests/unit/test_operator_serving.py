@@ -160,9 +160,8 @@ def test_router_disabled_renders_none_and_sglang_without_image_is_invalid():
     bad = make_owner(engine={"sglang": {"modelPath": "m"}})
     reason = invalid_reason(bad, generation_hash(bad.spec))
     assert reason is not None and reason[0] == "EngineImageMissing" and "engine.image" in reason[1]
-    many = make_owner(p=2, engine={"image": IMAGE, "sglang": {"modelPath": "m"}})
-    reason = invalid_reason(many, generation_hash(many.spec))
-    assert reason is not None and reason[0] == "OnePrefillToServe"
+    many = make_owner(p=3, engine={"image": IMAGE, "sglang": {"modelPath": "m"}})
+    assert invalid_reason(many, generation_hash(many.spec)) is None, "decode pairs with the router's prefill"
     both = make_owner(engine={"image": IMAGE, "args": ["--x"], "sglang": {"modelPath": "m"}})
     reason = invalid_reason(both, generation_hash(both.spec))
     assert reason is not None and "engine.sglang.args" in reason[1]

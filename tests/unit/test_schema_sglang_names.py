@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.bench import sglang_ref
 from dataplane.codec import check_compatible, decode_manifest, encode_manifest, manifest_from_schema
 from dataplane.config import parse_config
 from dataplane.errors import BadInput, UnknownStateType
+from dataplane.harness.bench import sglang_ref
 from dataplane.schema import (
     SGLANG_STATE_TYPES,
     SGLANG_STATE_TYPES_REFUSED,

@@ -12,7 +12,7 @@ import json
 import pytest
 from codec_vectors import VECTORS, VECTORS_PATH
 
-from dataplane.bench import sglang_ref
+from dataplane.harness.bench import sglang_ref
 
 
 def _regenerate_module():

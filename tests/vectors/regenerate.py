@@ -3,7 +3,7 @@
 Each case's ``inputs`` (or ``lists`` / ``src`` / ``args``) are the cases' definition and stay as
 committed; everything sglang computes from them — frames, packed bytes, parsed fields, groups, byte
 blocks, a sender's writes — is produced anew by the functions named in the case's ``source``, cut out
-of the sglang wheel by ``dataplane/bench/sglang_ref.py`` (``pip download sglang==0.5.23 --no-deps`` on
+of the sglang wheel by ``dataplane/harness/bench/sglang_ref.py`` (``pip download sglang==0.5.23 --no-deps`` on
 first use, cached).
 The EngineDesc/MemoryDesc blobs in the registration inputs are mori 1.2.4's msgpack layouts; sglang
 passes them through unparsed, so they are inputs here too.
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file differs")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from dataplane.bench import sglang_ref
+    from dataplane.harness.bench import sglang_ref
 
     try:
         ref = sglang_ref.load()

@@ -42,7 +42,7 @@ from .sdk import (
     thread_params,
 )
 
-log = logging.getLogger("pdpair.transports.nixl")
+log = logging.getLogger(__name__)
 
 RemoteDesc = tuple[int, int, int, MemType]
 _decode_desc = msgspec.msgpack.Decoder(RemoteDesc)

@@ -25,7 +25,7 @@ from .. import blocks
 from ..base import SMALL, Writes
 from .sdk import MemType
 
-log = logging.getLogger("pdpair.transports.nixl")
+log = logging.getLogger(__name__)
 
 INDICES_PER_ROW = 8
 """A batch whose common block size would need more prepared-list indices than this per write (plus

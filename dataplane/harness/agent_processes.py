@@ -26,10 +26,11 @@ from typing import Any
 
 import msgspec
 
+from ..agent.http import get_json
+from ..compiled import CompileUnavailable, choose
 from ..compiled import child as compiled_child
 from ..config import AgentConfig
 from ..errors import PDPairError
-from .http import get_json
 
 STATUS_POLL = 0.2
 """How often ``run_pair`` reads decode's ``/status`` while waiting: each read computes percentiles on
@@ -282,3 +283,15 @@ def _completed(status: dict[str, Any]) -> int:
     """Rooms completed by the pod's slowest rank."""
     ranks = status.get("ranks") or {"0": status}
     return min(int(r.get("requests", {}).get("completed", 0)) for r in ranks.values())
+
+
+def compiled_agents(wanted: str, command: str = "bench") -> bool | None:
+    """Whether the agents this benchmark starts run compiled (``--compiled``); None: asked for and
+    unavailable (the reason printed, under ``command``'s name)."""
+    if wanted == "on":
+        print(f"{command}: compiled agent modules (built once per source version) ...", file=sys.stderr)
+    try:
+        return choose(wanted)
+    except CompileUnavailable as exc:
+        print(f"{command}: --compiled {wanted}: {exc}", file=sys.stderr)
+        return None

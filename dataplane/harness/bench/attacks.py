@@ -31,14 +31,14 @@ import msgspec
 import numpy as np
 import zmq
 
-from ..agent.control import STRANGER_SOCKETS
-from ..agent.http import get_json
-from ..agent.httpauth import HEADER, sign
-from ..agent.launch import AgentProcess, loopback_pair
-from ..codec import GUARD, Refused, Registration, TransferMetadata, encode_control, encode_metadata
-from ..codec.auth import SEAL_MAGIC, key_id, new_nonce, prove_registration
-from ..codec.registration import encode_registration
-from ..config import AgentConfig, AuthConfig, ModelConfig, SyntheticConfig, TransferConfig
+from ...agent.control_sockets import STRANGER_SOCKETS
+from ...agent.http import get_json
+from ...agent.httpauth import HEADER, sign
+from ...codec import GUARD, Refused, Registration, TransferMetadata, encode_control, encode_metadata
+from ...codec.auth import SEAL_MAGIC, key_id, new_nonce, prove_registration
+from ...codec.registration import encode_registration
+from ...config import AgentConfig, AuthConfig, ModelConfig, SyntheticConfig, TransferConfig
+from ..agent_processes import AgentProcess, loopback_pair
 
 FD_SLACK = 16
 """Descriptors a busy agent opens and closes on its own (HTTP clients, UCX wire-up) besides an attack's."""
@@ -689,8 +689,8 @@ STRANGER_UID = 65534
 def _as_stranger(path: str, uid: int) -> str:
     """Connect to the Unix socket ``path`` from a forked child running as ``uid`` (and its gid) and
     return what the server says, as ``code: message`` (the child only makes system calls, then exits)."""
-    from ..errors import PDPairError
-    from ..localapi.messages import Error, decode_agent_message
+    from ...errors import PDPairError
+    from ...localapi.messages import Error, decode_agent_message
 
     read, write = os.pipe()
     pid = os.fork()
@@ -740,7 +740,7 @@ def _as_stranger(path: str, uid: int) -> str:
 def local_api_stranger(_: Pair) -> Finding:
     """A sidecar pair of its own: the stranger (uid ``nobody``, in the socket's group so the file
     mode lets it connect) reaches prefill's local API before the engine does."""
-    from ..localapi.launch import SidecarPair
+    from ..sidecar_pair import SidecarPair
 
     name = "a process of another uid first on the engine's local API socket"
     if os.getuid() != 0:

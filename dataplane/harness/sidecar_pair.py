@@ -11,18 +11,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from ..agent.launch import AgentProcess, loopback_pair, stop_process, tail
 from ..agent.pod import group_room_bases
 from ..compiled import child as compiled_child
 from ..config import AgentConfig
 from ..errors import PDPairError
+from .agent_processes import AgentProcess, loopback_pair, stop_process, tail
 
 
 def external(cfg: AgentConfig, socket_path: Path) -> AgentConfig:
@@ -147,12 +146,3 @@ class SidecarPair:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def wait_for(pred: Any, timeout: float = 40.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise PDPairError(f"timed out waiting for {what}")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..agent.pod import group_room_bases
 from ..config import AgentConfig
 
-log = logging.getLogger("pdpair.engine.ranks")
+log = logging.getLogger(__name__)
 STOP_WAIT = 10.0
 
 

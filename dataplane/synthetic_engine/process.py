@@ -36,7 +36,7 @@ from ..errors import AgentUnavailable, LocalApiError, PDPairError
 from ..localapi import AgentClient, RoomState, SharedPools
 from ..schema.profiles import schema_from_config
 
-log = logging.getLogger("pdpair.engine")
+log = logging.getLogger(__name__)
 KEEP_FAILURES = 64
 Items = tuple[np.ndarray, int | None, list[np.ndarray | None]]
 

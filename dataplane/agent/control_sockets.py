@@ -27,7 +27,7 @@ import zmq
 
 from .lanes import Lanes
 
-log = logging.getLogger("pdpair.agent.control")
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 64 * 1024 * 1024
 """Ceiling of any agent's message budget (``message_budget``): no schema asks for more."""

@@ -1,4 +1,4 @@
-"""``bench transfer``: the agent's end-to-end state send vs the raw NIXL engine writing the same blocks
+"""``bench transfer``: the agent's end-to-end state send vs raw NIXL (no agent) writing the same blocks
 vs a plain memcpy of the same bytes, side by side in one run, on identical NIXL/UCX settings.
 
 A case is a block size, a model profile's request mix (equal TP), or a TP-mismatched room: the mix
@@ -12,7 +12,7 @@ turns going first, so drift in the machine's load hits both alike):
   statistics (``synthetic.warmup``). Latency per request = the median room time on decode (metadata
   sent → Success received); throughput = bytes over decode's transfer window (first counted metadata
   sent → last Success);
-- raw engine: this process writes the identical ``WritePlan`` of every request (of every rank pair),
+- raw NIXL: this process writes the identical ``WritePlan`` of every request (of every rank pair),
   cut exactly as the agent cuts it into engine requests (``transfer_requests``), through the bare
   ``NixlTransport.write`` + ``wait`` (posting in line: no ``postThread``, which is the agent's) to a
   second process that only registered the decode layout (every decode rank's regions in one NIXL
@@ -41,26 +41,31 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
 import multiprocessing as mp
 import os
+import platform
 import statistics
+import sys
 import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from .. import planner
-from ..agent.launch import run_pair
-from ..agent.pools import MemoryPools
-from ..agent.requests import transfer_requests
-from ..agent.synthetic import items_for_tokens
-from ..errors import PDPairError
-from ..schema import RoleSchema
-from ..schema.profiles import schema_from_config
-from ..transports.nixl import NixlTransport, load_sdk, ucx_environment
+from ... import planner
+from ...agent.pools import MemoryPools
+from ...agent.requests import transfer_requests
+from ...agent.synthetic import items_for_tokens
+from ...errors import PDPairError
+from ...schema import RoleSchema
+from ...schema.profiles import schema_from_config
+from ...transports.nixl import NixlTransport, load_sdk, ucx_environment
+from ..agent_processes import run_pair
 
 VERIFY_ROOMS = 8
 """Rooms of each case's verification run (every byte checked on decode, per component)."""
@@ -77,8 +82,8 @@ def with_requests(cfg: Any, requests: int, warmup: int = 0) -> Any:
 
 def with_nixl_threads(cfg: Any) -> Any:
     """``cfg`` with NIXL's own backend thread copying every request (``NixlConfig.numThreads`` 1):
-    the raw engine's fastest setting for rooms of large blocks on the hosts measured, reported
-    beside the raw engine on the agent's own setting. ``cfg`` itself when it already has threads."""
+    raw NIXL's fastest setting for rooms of large blocks on the hosts measured, reported
+    beside raw NIXL on the agent's own setting. ``cfg`` itself when it already has threads."""
     nixl = cfg.transfer.nixl
     if nixl.num_threads > 0:
         return cfg
@@ -268,7 +273,7 @@ def _quiet_nixl() -> None:
 
 
 def _target(cfg: Any, conn: Any) -> None:
-    """The raw engine's passive side: register the decode layout, hand out its blobs, wait."""
+    """Raw NIXL's passive side: register the decode layout, hand out its blobs, wait."""
     _quiet_nixl()
     os.environ.update(ucx_environment(cfg.transfer.nixl))  # this process starts here
     pools = [MemoryPools.allocate(s, prefault=True) for s in Pods.of(cfg).decode]
@@ -355,4 +360,77 @@ def _copy_rows(plan: Any) -> list[tuple[int, ...]]:
     return list(zip(*cols, *rep.tolist(), strict=True))
 
 
-__all__ = ["Pods", "agent_run", "memcpy_run", "raw_run", "run_case", "verify_run"]
+
+def run_cases(
+    cases: list[tuple[str, Any]], *, repeat: int, warmup: int, lanes: bool = True, spin_us: int = 0,
+    coalesce_bytes: int | None = None, compiled: bool = False,
+) -> list[dict[str, Any]]:
+    """``run_case`` per case, with the agents' lanes, spin and coalescing settings applied."""
+    results = []
+    for label, cfg in cases:
+        if not lanes:
+            cfg = msgspec.structs.replace(cfg, listen=msgspec.structs.replace(cfg.listen, lanes=False))
+        if spin_us:
+            tr = msgspec.structs.replace(cfg.transfer, spin_microseconds=spin_us)
+            cfg = msgspec.structs.replace(cfg, transfer=tr)
+        if coalesce_bytes is not None:
+            tr = msgspec.structs.replace(cfg.transfer, coalesce_bytes=coalesce_bytes)
+            cfg = msgspec.structs.replace(cfg, transfer=tr)
+        print(f"bench: {label} ...", file=sys.stderr, flush=True)
+        results.append({**run_case(label, cfg, repeat=repeat, warmup=warmup), "compiled": compiled})
+    return results
+
+
+COLUMNS = (
+    ("case", "case", "<20", ""), ("requests", "requests", ">8", ""),
+    ("agent GB/s", "agent_gbps", ">10", ".3f"),
+    ("raw GB/s", "raw_engine_gbps", ">9", ".3f"), ("memcpy GB/s", "memcpy_gbps", ">11", ".3f"),
+    ("agent/raw", "ratio_agent_vs_raw", ">9", ".3f"),
+    ("raw threaded GB/s", "raw_engine_threaded_gbps", ">17", ".3f"),
+    ("agent/threaded", "ratio_agent_vs_raw_threaded", ">14", ".3f"),
+    ("agent p50 us", "agent_p50_us", ">12", ".1f"),
+    ("raw p50 us", "raw_p50_us", ">10", ".1f"), ("overhead us", "overhead_us", ">11", ".1f"),
+    ("amortised us", "amortised_overhead_us", ">12", ".1f"),
+    ("prefill worker CPU us", "prefill_worker_cpu_us", ">21", ".1f"),
+    ("decode worker CPU us", "decode_worker_cpu_us", ">20", ".1f"),
+    ("verified", "verified", ">8", ""),
+)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = " ".join(f"{title:{align}}" for title, _, align, _ in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(" ".join(_cell(r.get(key), align, fmt) for _, key, align, fmt in COLUMNS))
+    return "\n".join(lines)
+
+
+def _cell(value: Any, align: str, fmt: str) -> str:
+    if value is None:
+        return f"{'-':{align}}"
+    if isinstance(value, bool):
+        return f"{'yes' if value else 'NO':{align}}"
+    return f"{value:{align}{fmt}}"
+
+
+def machine() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, "
+        f"Python {platform.python_version()}; load average at the end {load}; "
+        f"UCX_TLS={os.environ.get('UCX_TLS', '(UCX default)')}"
+    )
+
+
+def record(path: Path, results: list[dict[str, Any]], command: str) -> None:
+    """The run as one Markdown report (date, machine, command, table, JSON), replacing ``path``: a
+    record of this run, not a log of all of them (docs/benchmarks.md keeps the current figures)."""
+    path.write_text(
+        f"# bench transfer, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n- machine: {machine()}\n"
+        f"- command: `{command}`\n\n```\n{table(results)}\n```\n\n"
+        f"```json\n{json.dumps(results, indent=1)}\n```\n"
+    )
+
+
+__all__ = ["Pods", "agent_run", "memcpy_run", "raw_run", "record", "run_case", "run_cases", "table",
+           "verify_run"]

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import codec
-from ..planner import (
+from ... import codec
+from ...planner import (
     PeerLayout,
     RequestIndices,
     WritePlan,
@@ -41,9 +41,9 @@ from ..planner import (
     plan_request,
     slice_byte_blocks,
 )
-from ..planner import kernel as planner_kernel
-from ..schema import RoleSchema
-from ..schema.profiles import profile
+from ...planner import kernel as planner_kernel
+from ...schema import RoleSchema
+from ...schema.profiles import profile
 from . import sglang_ref
 
 PAGES, ROOM, SLOT = 512, 4242, 17

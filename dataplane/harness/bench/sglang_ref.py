@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import PDPairError
+from ...errors import PDPairError
 
 SGLANG_VERSION = "0.5.23"
 DEFAULT_CACHE = Path.home() / ".cache" / "pdpair" / "sglang"
