@@ -13,7 +13,9 @@ numba is an optional dependency (the ``agent`` extra pins it): without it, or wi
 The kernel is compiled for one signature when this module is first imported (so an agent pays for it
 at start-up, never on a request), with numba's on-disk cache where one is writable: importing the
 planner then takes ~0.5 s more (numba itself and the cached kernel), ~1.8 s the first time (compiling).
-The kernel holds no state and releases the GIL (``nogil``); any thread may call it.
+The kernel holds no state and releases the GIL (``nogil``); any thread may call it. ``KERNEL`` is its
+compiled entry point (``entry_point``), which converts its arguments without matching their types to
+the signature, so its one caller (``CommonShape.plan``) checks every array's dtype and dimensions.
 
 The per-peer ``table`` (``pack_table``) is one flat int64 array; a call passes it, both sides' pages,
 both aux slots (ints) and both sides' state slots (int32, one per component: a decoded message's
@@ -39,7 +41,7 @@ import numpy.typing as npt
 
 from ..schema import KV_COMPONENT
 
-__all__ = ["HEADER", "KERNEL", "compiled", "describe", "pack_table"]
+__all__ = ["HEADER", "KERNEL", "compiled", "describe", "entry_point", "pack_table"]
 
 log = logging.getLogger(__name__)
 
