@@ -236,6 +236,24 @@ def test_common_shape_declines_what_it_does_not_cover(impl: str) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_state_slots_of_other_integer_dtypes_take_the_common_shape(impl: str) -> None:
+    """One-slot state arrays of another integer dtype (an engine's int64, a big-endian frame) are
+    planned in one pass too, with the rows of the int32 ones."""
+    pr = pairing_for(LOCAL, PEER)
+    base = _random_request(np.random.default_rng(11), LOCAL, PEER)
+    assert base.src_state is not None and base.dst_state is not None
+    expected = plan_parts(pr, base).rows()
+    for dtype in (np.int64, np.dtype(">i4"), np.uint16):
+        req = replace(
+            base,
+            src_state=[np.asarray(s).astype(dtype) for s in base.src_state],
+            dst_state=[np.asarray(d).astype(dtype) for d in base.dst_state],
+        )
+        got = _common(pr, req, impl)
+        assert got is not None and got.rows() == expected
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_decoded_metadata_takes_the_common_shape(impl: str) -> None:
     """What the agent's prefill side plans from (``decode_metadata`` → ``RequestIndices``) has the
     common shape: the decoded arrays (int32, contiguous, writeable, native order) take the one-pass
