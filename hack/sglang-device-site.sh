@@ -8,7 +8,8 @@
 #    must not be needed) plus the sglang modules those files import lazily (inside functions; the CUDA
 #    branches), 3. downloads cp312 manylinux wheels (--no-deps) of every third-party distribution in
 #    the closure that the device image lacks, at the version installed here, and unpacks them.
-# On the device: PYTHONPATH=OUT_DIR:$PWD python3 -m pytest -q -s --noconftest tests/integration/test_sglang_backend_gpu.py
+# On the device: PDPAIR_SGLANG_CPU_KERNELS=1 PYTHONPATH=$PWD/OUT_DIR:$PWD:$PWD/operator \
+#   python3 -m pytest -q -s --noconftest tests/integration/test_sglang_backend_gpu.py
 set -euo pipefail
 out=${1:?usage: hack/sglang-device-site.sh OUT_DIR}
 py=${PYTHON:-.venv/bin/python}
@@ -71,6 +72,10 @@ for mod in sorted({m for p in list(files) if p.suffix == ".py" for m in lazy(p)}
 # data folders sglang's code locates by path at import (sglang/kernels/jit/utils/compile/paths.py)
 for data in ("sglang/kernels/jit/include", "sglang/kernels/jit/csrc"):
     files |= {f.resolve() for f in (site / data).rglob("*") if f.is_file() and f.suffix != ".so"}
+# the pools' CUDA paths import kernel modules the CPU closure never reaches (MambaPool's fused copy
+# warm-up imports sglang.kernels.ops.memory.ptr_table): every python source of both trees
+for tree in ("sglang/kernels", "sglang/srt/mem_cache"):
+    files |= {f.resolve() for f in (site / tree).rglob("*.py")}
 so = sorted(str(f.relative_to(site)) for f in files if f.suffix == ".so")
 if so:
     sys.exit(f"the closure needs compiled sglang modules (cp311 only): {so}")
@@ -101,4 +106,10 @@ for whl in sorted(Path(sys.argv[1]).glob("*.whl")):
     zipfile.ZipFile(whl).extractall(sys.argv[2])
     print("unpacked", whl.name)
 PY
+# pdpair's entry point, as `pip install pdpair` would declare it (sglang's load_plugins() finds plugins
+# by distribution metadata; the tree itself travels on PYTHONPATH)
+ep="$out/pdpair-0.1.0.dist-info"
+mkdir -p "$ep"
+printf 'Metadata-Version: 2.1\nName: pdpair\nVersion: 0.1.0\n' >"$ep/METADATA"
+printf '[sglang.srt.plugins]\npdpair = dataplane.sglang:register\n' >"$ep/entry_points.txt"
 du -sh "$out"

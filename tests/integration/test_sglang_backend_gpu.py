@@ -9,6 +9,13 @@ the same schemas (what each agent adopted from sglang's ``KVArgs``) and the same
 planner and written by the ``cuda-ipc`` transport alone between synthetic pools in one process, as
 ``bench/gpu_ipc.py`` measures it (median of 5, every byte verified).
 
+sglang imports ``sgl_kernel`` (sglang-kernel, compiled for sglang's own torch) at module level wherever
+its ``is_cuda()`` holds; where that package cannot be installed (the H200 device: torch 2.11, and the
+wheel is 373 MB), ``PDPAIR_SGLANG_CPU_KERNELS=1`` makes sglang's modules load as on a host without
+CUDA (``torch.version.cuda`` reads None while this module runs, so ``is_cuda()`` is false and sglang
+picks its portable code, exactly the modules the CPU suite imports); the pools are still sglang's own
+classes, built with ``device="cuda"``, and nothing here calls a kernel of theirs.
+
 Runs where torch sees a CUDA device (the H200 machine):
 ``python -m pytest -q -s --noconftest tests/integration/test_sglang_backend_gpu.py``.
 """
@@ -26,6 +33,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+CUDA_BUILD = torch.version.cuda
+if os.environ.get("PDPAIR_SGLANG_CPU_KERNELS") == "1":
+    torch.version.cuda = None  # restored by ``cuda_build`` when the module's tests end
 pytest.importorskip("sglang.srt.disaggregation.base.conn")
 pytestmark = [
     pytest.mark.slow,
@@ -46,6 +56,12 @@ from tests.integration.sglang_rank import (  # noqa: E402
 )
 
 ROOMS, TOKENS = 16, 4096
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_build():
+    yield
+    torch.version.cuda = CUDA_BUILD
 
 
 @pytest.fixture(scope="module")
