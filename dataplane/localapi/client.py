@@ -10,7 +10,9 @@ socket write and a poll one ``select`` — no thread hand-offs on the hot path.
 - ``poll`` reads the room states the agent pushed; ``wait`` blocks on the socket until the room
   finishes; ``wait_change`` is an engine loop's idle.
 
-Every call is bounded by ``timeout``. When the agent is down a call fails at once with
+Every call is bounded by ``timeout``; registration (``Hello`` and the pools) by ``register_timeout``,
+as the agent maps every region first (opening a GPU pool's CUDA IPC handles starts its CUDA context,
+seconds on a large GPU). When the agent is down a call fails at once with
 ``AgentUnavailable`` (a ``ConnectionError``), so the engine keeps serving what needs no transfer; the
 next call after ``reconnect_interval`` tries again, and reconnecting re-sends ``Hello`` and the pools
 registered before, so an agent restart needs nothing from the engine. Rooms in flight when the agent
@@ -70,6 +72,7 @@ class AgentClient:
         manifest: bytes,
         engine_id: str = "",
         timeout: float = 5.0,
+        register_timeout: float = 60.0,
         reconnect_interval: float = 0.5,
         max_frame: int = DEFAULT_MAX_FRAME,
         tp_rank: int = 0,
@@ -82,6 +85,7 @@ class AgentClient:
         self.tp_rank, self.tp_size, self.dp_size = tp_rank, tp_size, dp_size
         self.engine_id = engine_id or f"{role}-engine-{os.getpid()}"
         self.timeout, self.reconnect_interval, self.max_frame = timeout, reconnect_interval, max_frame
+        self.register_timeout = max(timeout, register_timeout)
         self.agent_id = ""
         self.connections = 0
         """Successful handshakes (each after the first is a reconnect that re-registered the pools)."""
@@ -146,11 +150,12 @@ class AgentClient:
                 engine_id=self.engine_id, manifest=self.manifest, pid=os.getpid(),
                 tp_rank=self.tp_rank, tp_size=self.tp_size, dp_size=self.dp_size,
             )
-            welcome = self._request(hello)
+            welcome = self._request(hello, bound=self.register_timeout)
             assert isinstance(welcome, Welcome)
             self.agent_id = welcome.agent_id
             if self._pools is not None:
-                self._request(RegisterPools(regions=self._pools[0]), self._pools[1])
+                pools = RegisterPools(regions=self._pools[0])
+                self._request(pools, self._pools[1], bound=self.register_timeout)
             self.connections += 1
         except PDPairError as exc:
             self._drop(str(exc))
@@ -175,7 +180,7 @@ class AgentClient:
             if self._sock is None:
                 self.ensure_connected()  # connecting registers the pools
                 return
-            self._request(RegisterPools(regions=self._pools[0]), self._pools[1])
+            self._request(RegisterPools(regions=self._pools[0]), self._pools[1], bound=self.register_timeout)
 
     def send(
         self, room: int, kv: Indices, aux: int | None = None, state: Sequence[Indices] = (),
@@ -289,9 +294,11 @@ class AgentClient:
     def _unavailable(self) -> AgentUnavailable:
         return AgentUnavailable(f"agent at {self.socket_path} unavailable: {self._last_error}")
 
-    def _request(self, msg: Any, fds: Sequence[int] = (), reply: bool = True) -> AgentMessage | None:
-        """Write ``msg`` (with a fresh ``seq``) and, if ``reply``, read until its answer (caller holds
-        the lock and is connected)."""
+    def _request(
+        self, msg: Any, fds: Sequence[int] = (), reply: bool = True, bound: float | None = None
+    ) -> AgentMessage | None:
+        """Write ``msg`` (with a fresh ``seq``) and, if ``reply``, read until its answer, at most
+        ``bound`` seconds (default ``timeout``; caller holds the lock and is connected)."""
         sock = self._sock
         if sock is None:
             raise self._unavailable()
@@ -303,9 +310,10 @@ class AgentClient:
             raise self._unavailable() from exc
         if not reply:
             return None
-        deadline = time.monotonic() + self.timeout
+        wait = self.timeout if bound is None else bound
+        deadline = time.monotonic() + wait
         while self._sock is sock:
-            answer = self._read(deadline - time.monotonic())
+            answer = self._read(deadline - time.monotonic(), wait)
             if answer is None:
                 continue
             if getattr(answer, "seq", 0) == seq and not isinstance(answer, RoomState):
@@ -322,20 +330,22 @@ class AgentClient:
             self._read(self.timeout)
             timeout = 0.0
 
-    def _read(self, timeout: float) -> AgentMessage | None:
-        """One frame from the agent, applied; drops the connection on timeout, EOF or garbage."""
+    def _read(self, timeout: float, bound: float | None = None) -> AgentMessage | None:
+        """One frame from the agent, applied; drops the connection on timeout (named as ``bound``),
+        EOF or garbage."""
         sock, reader = self._sock, self._reader
         if sock is None or reader is None:
             return None
+        bound = self.timeout if bound is None else bound
         if timeout <= 0:
-            self._drop(f"no answer within {self.timeout:.1f}s")
+            self._drop(f"no answer within {bound:.1f}s")
             return None
         try:
             sock.settimeout(timeout)
             msg = decode_agent_message(reader.read())
         except (Closed, OSError, PDPairError) as exc:
             no_answer = isinstance(exc, TimeoutError)
-            self._drop(f"no answer within {self.timeout:.1f}s" if no_answer else f"connection lost: {exc}")
+            self._drop(f"no answer within {bound:.1f}s" if no_answer else f"connection lost: {exc}")
             return None
         self._apply(msg)
         return msg
