@@ -244,12 +244,44 @@ def test_client_times_out_on_a_frozen_agent(tmp_path):
     accepted = []
     t = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
     t.start()
-    c = AgentClient(path, role="prefill", manifest=b"", timeout=0.3)
+    c = AgentClient(path, role="prefill", manifest=b"", timeout=0.3, register_timeout=0.5)
     start = time.monotonic()
-    with pytest.raises(AgentUnavailable, match=r"no answer within 0\.3s"):
+    with pytest.raises(AgentUnavailable, match=r"no answer within 0\.5s"):
         c.connect()
     assert time.monotonic() - start < 1.5
     listener.close()
+
+
+class SlowToMap(Recorder):
+    """An agent whose registration takes ``delay`` (mapping a GPU pool's IPC handles starts a CUDA
+    context: seconds)."""
+
+    delay = 0.6
+
+    def register(self, regions, fds):
+        time.sleep(self.delay)
+        super().register(regions, fds)
+
+
+@pytest.mark.parametrize(("register_timeout", "registers"), [(3.0, True), (0.3, False)])
+def test_registration_is_bounded_by_register_timeout(tmp_path, register_timeout, registers):
+    handler = SlowToMap()
+    server = LocalApiServer(str(tmp_path / "agent.sock"), handler).start()
+    c = AgentClient(server.socket_path, role="prefill", manifest=manifest("prefill"), timeout=0.2,
+                    register_timeout=register_timeout)
+    try:
+        with SharedPools([(r.name, r.component, r.tensor, r.size) for r in SCHEMA.regions()]) as pools:
+            c.connect()
+            if registers:
+                c.register_pools(pools.regions, pools.fds)
+                assert handler.registered == [(len(SCHEMA.regions()), 1)]
+                c.send(7, [1], 0, [[3], [], [0]][: len(SCHEMA.components)], ack=True)  # per-call bound again
+            else:
+                with pytest.raises(AgentUnavailable, match=r"no answer within 0\.3s"):
+                    c.register_pools(pools.regions, pools.fds)
+    finally:
+        c.close()
+        server.stop()
 
 
 @pytest.mark.parametrize(
