@@ -65,7 +65,7 @@ from .roles import IDLE_WAIT, RoleWorker, refusal_reason_label
 from .sources import DecodeSource, SyntheticDecodeSource
 from .staged_roles import DecodeStaging
 
-log = logging.getLogger("pdpair.agent.decode")
+log = logging.getLogger(__name__)
 
 REGISTER_RETRY = 2.0
 WATCH_SOON = 0.1

@@ -90,7 +90,7 @@ from .roles import IDLE_WAIT, RoleWorker, refusal_reason_label
 from .sources import PrefillSource, SyntheticPrefillSource
 from .staged_roles import PrefillStaging
 
-log = logging.getLogger("pdpair.agent.prefill")
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)

@@ -50,7 +50,7 @@ from .pools import IndexAllocator, MemoryPools
 from .stats import StatsBook
 from .synthetic import SyntheticEngine
 
-log = logging.getLogger("pdpair.agent")
+log = logging.getLogger(__name__)
 
 IDLE_WAIT = 0.01
 PAUSE_MIN, PAUSE_MAX, TIGHT = 20e-6, 1e-3, 1e-3

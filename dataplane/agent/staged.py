@@ -52,7 +52,7 @@ from ..transports import Peer, Transfer, TransferState, Transport, Writes
 
 __all__ = ["StagedLanding", "StagedWriter"]
 
-log = logging.getLogger("pdpair.agent.staged")
+log = logging.getLogger(__name__)
 ROW_ALIGN = 1 << 20
 """Largest staging row; region bases in an arena are 2 MiB-aligned, so it divides every base."""
 

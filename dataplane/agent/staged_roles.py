@@ -27,7 +27,7 @@ from .staging_memory import StagingMemory
 
 __all__ = ["DecodeStaging", "PrefillStaging"]
 
-log = logging.getLogger("pdpair.agent.staged")
+log = logging.getLogger(__name__)
 MAX_OFFERS = 256
 """Offers kept for decodes that have not registered yet (oldest dropped first)."""
 

@@ -37,7 +37,7 @@ from ..room import Items, Room
 from .link import AbortCmd, Command, DetachCmd, EngineLink, ExpectCmd, SendCmd
 from .server import Session
 
-log = logging.getLogger("pdpair.localapi")
+log = logging.getLogger(__name__)
 KEEP_FAILED = 4096
 PUMP_STALE = 0.001
 SHOW_WITHIN = 0.001
