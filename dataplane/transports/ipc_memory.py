@@ -5,12 +5,15 @@ transport maps its peer's regions with the same calls. ``open_ipc`` uses CuPy's 
 CuPy is installed, else ctypes on ``libcudart`` (``libamdhip64`` on ROCm, where the calls are
 ``hipIpc*``). ``export_ipc`` also needs the driver's ``cuMemGetAddressRange`` (``hipMemGetAddressRange``)
 to find the allocation a pointer lies in: a handle names a whole allocation, and the peer adds the
-offset.
+offset. Memory this process opened from another's handle (a sidecar agent's view of the engine's pools)
+has no handle of its own — ``cudaIpcGetMemHandle`` refuses it — so ``export_ipc`` hands on the handle it
+was opened from, which any third process can open.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,12 @@ class DeviceBuffer:
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
 
 
+_OPENED: dict[int, bytes] = {}
+"""Base of each open mapping of another process's allocation → the handle it was opened from; an entry
+lives as long as its mapping (one per open handle, so bounded by them)."""
+_OPENED_LOCK = threading.Lock()
+
+
 class _IpcHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * 64)]
 
@@ -53,13 +62,23 @@ def open_ipc(handle: bytes, device_id: int) -> tuple[int, Callable[[], None]]:
     try:
         import cupy
     except ImportError:
-        return _open_ipc_ctypes(handle, device_id)
-    try:
-        with cupy.cuda.Device(device_id):
-            ptr = int(cupy.cuda.runtime.ipcOpenMemHandle(handle, 1))
-    except Exception as exc:  # cupy raises its own CUDARuntimeError
-        raise BadInput(f"cudaIpcOpenMemHandle failed: {exc}") from exc
-    return ptr, lambda: cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+        ptr, close = _open_ipc_ctypes(handle, device_id)
+    else:
+        try:
+            with cupy.cuda.Device(device_id):
+                ptr = int(cupy.cuda.runtime.ipcOpenMemHandle(handle, 1))
+        except Exception as exc:  # cupy raises its own CUDARuntimeError
+            raise BadInput(f"cudaIpcOpenMemHandle failed: {exc}") from exc
+        close = lambda: cupy.cuda.runtime.ipcCloseMemHandle(ptr)  # noqa: E731
+    with _OPENED_LOCK:
+        _OPENED[ptr] = bytes(handle)
+
+    def closer() -> None:
+        with _OPENED_LOCK:
+            _OPENED.pop(ptr, None)
+        close()
+
+    return ptr, closer
 
 
 _NO_DEVICE = {100: "no device", 101: "invalid device ordinal"}
@@ -101,6 +120,10 @@ def export_ipc(ptr: int, device_id: int) -> tuple[bytes, int, int]:
         rc = _libcuda().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
     if rc or not base.value:
         raise BadInput(f"{ptr:#x} is not device memory this process allocated (address range error {rc})")
+    with _OPENED_LOCK:
+        opened = _OPENED.get(base.value)
+    if opened is not None:
+        return opened, ptr - base.value, int(size.value)
     h = _IpcHandle()
     rc = getattr(lib, f"{p}IpcGetMemHandle")(ctypes.byref(h), ctypes.c_void_p(base.value))
     if rc:

@@ -4,8 +4,9 @@ holding each pointer, plus the offset), sglang's ``MetadataBuffers`` moved to th
 plugin's hook, bytes GPU to GPU over the ``cuda-ipc`` transport, every byte verified per component.
 
 Prints GB/s per case: the rooms' bytes over the wall time of ``move`` (sglang's sender / receiver calls,
-the local API, both agents, the transport), and beside it the synthetic figure for the same layout:
-the same schemas (what each agent adopted from sglang's ``KVArgs``) and the same rooms planned by the
+the local API, both agents, the transport; after ``WARM`` rooms that warm the agents' paths, median of
+``REPEATS`` rounds of ``ROOMS`` rooms), and beside it the transport's figure for the same layout: the same
+schemas (what each agent adopted from sglang's ``KVArgs``) and the same rooms planned by the
 planner and written by the ``cuda-ipc`` transport alone between synthetic pools in one process, as
 ``bench/gpu_ipc.py`` measures it (median of 5, every byte verified).
 
@@ -55,7 +56,8 @@ from tests.integration.sglang_rank import (  # noqa: E402
     verify,
 )
 
-ROOMS, TOKENS = 16, 4096
+ROOMS, TOKENS, WARM, REPEATS = 16, 4096, 4, 3
+ALL_ROOMS = WARM + REPEATS * ROOMS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,11 +79,11 @@ def plugin():
 
 
 def gpu_family(name: str) -> Any:
-    """The family with pools for ``ROOMS`` rooms of ``TOKENS`` tokens at once."""
+    """The family with pools for every room of the test (``ALL_ROOMS`` of ``TOKENS`` tokens)."""
     f = FAMILIES[name]
-    return dataclasses.replace(f, kv_tokens=ROOMS * TOKENS + 16 * f.page_size,
-                               mamba_slots=ROOMS + 2 if f.mamba_slots else 0,
-                               swa_tokens=(ROOMS * 4 + 8) * f.page_size if f.swa_tokens else 0)
+    return dataclasses.replace(f, kv_tokens=ALL_ROOMS * TOKENS + 16 * f.page_size,
+                               mamba_slots=ALL_ROOMS + 2 if f.mamba_slots else 0,
+                               swa_tokens=(ALL_ROOMS * 4 + 8) * f.page_size if f.swa_tokens else 0)
 
 
 @pytest.mark.parametrize("family", ["qwen3-next", "deepseek-v3.2", "gpt-oss"])
@@ -100,30 +102,40 @@ def test_sglang_cuda_pools_through_ipc_verified_with_rate(plugin, tmp_path: Path
         for role in ("prefill", "decode"):
             os.environ["PDPAIR_AGENT_SOCKET"] = pair.cfg[role].localapi.engine.socket_path
             listen = pair.cfg["prefill"].listen  # the request's bootstrap address: prefill's agent
-            ranks[role] = Rank(role, fam, device="cuda", aux_slots=ROOMS + 1,
+            ranks[role] = Rank(role, fam, device="cuda", aux_slots=ALL_ROOMS + 1,
                                bootstrap_addr=f"{listen.host}:{listen.bootstrap_port}")
         for agent in pair.agents.values():
             agent.wait_ready(120)
         assert all(r.kind == "cuda_ipc" for r in ranks["prefill"].manager.regions)
         rng = np.random.default_rng(1)
-        rooms = [plan_room(ranks["prefill"], ranks["decode"], 5000 + i, TOKENS, rng) for i in range(ROOMS)]
-        for r in rooms:
-            fill_source(ranks["prefill"], r, rng)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        result = move(ranks["prefill"], ranks["decode"], rooms, timeout=120)
-        wall = time.perf_counter() - start
-        assert result == {r.room: (4, "") for r in rooms}, result
-        moved: dict[str, int] = {}
-        for r in rooms:
-            for name, n in verify(ranks["prefill"], ranks["decode"], r).items():
-                moved[name] = moved.get(name, 0) + n
+        rounds = [[plan_room(ranks["prefill"], ranks["decode"], 5000 + k * ROOMS + i, TOKENS, rng)
+                   for i in range(WARM if k == 0 else ROOMS)] for k in range(REPEATS + 1)]
+        walls, moved = [], {}
+        for k, rooms in enumerate(rounds):
+            for r in rooms:
+                fill_source(ranks["prefill"], r, rng)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            result = move(ranks["prefill"], ranks["decode"], rooms, timeout=120)
+            wall = time.perf_counter() - start
+            assert result == {r.room: (4, "") for r in rooms}, result
+            per_round: dict[str, int] = {}
+            for r in rooms:
+                for name, n in verify(ranks["prefill"], ranks["decode"], r).items():
+                    per_round[name] = per_round.get(name, 0) + n
+            if k:  # round 0 warms up
+                walls.append(wall)
+                moved = per_round
+        wall = statistics.median(walls)
         total = sum(moved.values())
+        rooms = rounds[-1]
         synthetic, planned = synthetic_gbps(ranks["prefill"], ranks["decode"], rooms)
         parts = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(moved.items()))
+        rounds_ms = " / ".join(f"{w * 1e3:.1f}" for w in walls)
         print(f"\nsglang pdpair GPU {family}: {ROOMS} rooms x {TOKENS} tokens, "
-              f"{total / 1e6:.1f} MB ({parts}) in {wall * 1e3:.1f} ms: {total / wall / 1e9:.2f} GB/s; "
-              f"synthetic same layout {synthetic:.2f} GB/s ({planned / 1e6:.1f} MB planned)")
+              f"{total / 1e6:.1f} MB ({parts}) in {wall * 1e3:.1f} ms (rounds {rounds_ms} ms): "
+              f"{total / wall / 1e9:.2f} GB/s; "
+              f"transport alone, same layout {synthetic:.2f} GB/s ({planned / 1e6:.1f} MB planned)")
     finally:
         for rank in ranks.values():
             rank.close()
