@@ -62,6 +62,16 @@ def test_sglang_loads_the_plugin_by_its_entry_point(plugin):
     from dataplane.sglang import conn
 
     assert "pdpair" in DISAGG_TRANSFER_BACKEND_CHOICES
+    # sglang's own command line (``launch_server``'s parser) takes the backend
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", "--disaggregation-mode", "prefill",
+                              "--disaggregation-transfer-backend", "pdpair"])
+    assert (args.disaggregation_mode, args.disaggregation_transfer_backend) == ("prefill", "pdpair")
     backend = utils.TransferBackend("pdpair")
     # the modules that build the Enum from the argument hold the extended one too
     extended = utils.TransferBackend
