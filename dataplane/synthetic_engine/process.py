@@ -34,6 +34,7 @@ from ..codec import KVPoll, encode_manifest, manifest_from_schema
 from ..config import AgentConfig
 from ..errors import AgentUnavailable, LocalApiError, PDPairError
 from ..localapi import AgentClient, RoomState, SharedPools
+from ..schema import RoleSchema
 from ..schema.profiles import schema_from_config
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,12 @@ class SyntheticEngineProcess:
         shm_mode: Literal["fd", "shm"] = "fd",
         timeout: float = 5.0,
         room_base: int | None = None,
+        schema: RoleSchema | None = None,
     ):
+        """``schema``: the layout to allocate (a serving engine's pools as an agent adopted them, to
+        compare the two engines on one layout); default: the config's profile or components."""
         self.cfg, self.role = cfg, cfg.role
-        self.schema = schema_from_config(cfg.attention_view())
+        self.schema = schema or schema_from_config(cfg.attention_view())
         regions = [(r.name, r.component, r.tensor, r.size) for r in self.schema.regions()]
         if cfg.transfer.device == "cuda":
             from .cuda_pools import CudaPools

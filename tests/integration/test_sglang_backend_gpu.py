@@ -3,12 +3,14 @@ rank's pools handed to its agent by CUDA IPC handle (``dataplane.sglang.memory.s
 holding each pointer, plus the offset), sglang's ``MetadataBuffers`` moved to the device by the
 plugin's hook, bytes GPU to GPU over the ``cuda-ipc`` transport, every byte verified per component.
 
-Prints GB/s per case: the rooms' bytes over the wall time of ``move`` (sglang's sender / receiver calls,
-the local API, both agents, the transport; after ``WARM`` rooms that warm the agents' paths, median of
-``REPEATS`` rounds of ``ROOMS`` rooms), and beside it the transport's figure for the same layout: the same
-schemas (what each agent adopted from sglang's ``KVArgs``) and the same rooms planned by the
-planner and written by the ``cuda-ipc`` transport alone between synthetic pools in one process, as
-``bench/gpu_ipc.py`` measures it (median of 5, every byte verified).
+Prints GB/s per case (a round's bytes over the wall time of ``move``: sglang's sender / receiver
+calls, the local API, both agents, the transport; median of ``REPEATS`` rounds of ``ROOMS`` rooms, after
+``WARM`` rooms that warm the agents' paths), for pages shuffled as a long-running allocator hands them
+out and for pages in order as a fresh one does, and beside it, on the same two layouts (the schemas
+each agent adopted from sglang's ``KVArgs``): the synthetic engine through a fresh pair of agents
+(``synthetic_engine_gbps``), and the ``cuda-ipc`` transport alone writing the in-order rooms, planned
+beforehand, between synthetic pools in one process, as ``bench/gpu_ipc.py`` measures it (median of 5,
+every byte verified).
 
 sglang imports ``sgl_kernel`` (sglang-kernel, compiled for sglang's own torch) at module level wherever
 its ``is_cuda()`` holds; where that package cannot be installed (the H200 device: torch 2.11, and the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-from dataplane.config import AgentConfig, ModelConfig, TransferConfig  # noqa: E402
+from dataplane.config import AgentConfig, ModelConfig, SyntheticConfig, TransferConfig  # noqa: E402
 from dataplane.harness.sidecar_pair import SidecarPair  # noqa: E402
 from dataplane.harness.waiting import wait_for  # noqa: E402
 from tests.integration.sglang_rank import (  # noqa: E402
@@ -57,7 +60,9 @@ from tests.integration.sglang_rank import (  # noqa: E402
 )
 
 ROOMS, TOKENS, WARM, REPEATS = 16, 4096, 4, 3
-ALL_ROOMS = WARM + REPEATS * ROOMS
+ALL_ROOMS = WARM + 2 * REPEATS * ROOMS
+"""Warm-up rooms, then ``REPEATS`` rounds of ``ROOMS`` rooms with shuffled pages and as many with
+pages in order."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -86,13 +91,29 @@ def gpu_family(name: str) -> Any:
                                swa_tokens=(ALL_ROOMS * 4 + 8) * f.page_size if f.swa_tokens else 0)
 
 
+@dataclasses.dataclass
+class Rounds:
+    """Wall time of each timed round and the bytes one round moved, per component."""
+
+    walls: list[float] = dataclasses.field(default_factory=list)
+    moved: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return sum(self.moved.values()) / statistics.median(self.walls) / 1e9
+
+    def ms(self) -> str:
+        return " / ".join(f"{w * 1e3:.1f}" for w in self.walls)
+
+
 @pytest.mark.parametrize("family", ["qwen3-next", "deepseek-v3.2", "gpt-oss"])
 def test_sglang_cuda_pools_through_ipc_verified_with_rate(plugin, tmp_path: Path, family: str):
     fam = gpu_family(family)
     transfer = TransferConfig(timeout_seconds=60, heartbeat_interval_seconds=0.5, device="cuda",
                               backend="cuda-ipc")
     cfg = AgentConfig(model=ModelConfig(profile=None), transfer=transfer)
-    pair = SidecarPair(cfg, tmp_path)
+    (tmp_path / "sglang").mkdir()
+    pair = SidecarPair(cfg, tmp_path / "sglang")
     ranks: dict[str, Rank] = {}
     try:
         for role in ("prefill", "decode"):
@@ -108,37 +129,111 @@ def test_sglang_cuda_pools_through_ipc_verified_with_rate(plugin, tmp_path: Path
             agent.wait_ready(120)
         assert all(r.kind == "cuda_ipc" for r in ranks["prefill"].manager.regions)
         rng = np.random.default_rng(1)
-        rounds = [[plan_room(ranks["prefill"], ranks["decode"], 5000 + k * ROOMS + i, TOKENS, rng)
-                   for i in range(WARM if k == 0 else ROOMS)] for k in range(REPEATS + 1)]
-        walls, moved = [], {}
-        for k, rooms in enumerate(rounds):
-            for r in rooms:
-                fill_source(ranks["prefill"], r, rng)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            result = move(ranks["prefill"], ranks["decode"], rooms, timeout=120)
-            wall = time.perf_counter() - start
-            assert result == {r.room: (4, "") for r in rooms}, result
-            per_round: dict[str, int] = {}
-            for r in rooms:
-                for name, n in verify(ranks["prefill"], ranks["decode"], r).items():
-                    per_round[name] = per_round.get(name, 0) + n
-            if k:  # round 0 warms up
-                walls.append(wall)
-                moved = per_round
-        wall = statistics.median(walls)
-        total = sum(moved.values())
-        rooms = rounds[-1]
-        synthetic, planned = synthetic_gbps(ranks["prefill"], ranks["decode"], rooms)
-        parts = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(moved.items()))
-        rounds_ms = " / ".join(f"{w * 1e3:.1f}" for w in walls)
-        print(f"\nsglang pdpair GPU {family}: {ROOMS} rooms x {TOKENS} tokens, "
-              f"{total / 1e6:.1f} MB ({parts}) in {wall * 1e3:.1f} ms (rounds {rounds_ms} ms): "
-              f"{total / wall / 1e9:.2f} GB/s; "
-              f"transport alone, same layout {synthetic:.2f} GB/s ({planned / 1e6:.1f} MB planned)")
+        ids = iter(range(5000, 5000 + ALL_ROOMS))
+
+        def rounds(count: int, size: int) -> list[list[Room]]:
+            p, d = ranks["prefill"], ranks["decode"]
+            return [[plan_room(p, d, next(ids), TOKENS, rng) for _ in range(size)] for _ in range(count)]
+
+        for rank in ranks.values():
+            fresh_allocators(rank)
+        in_order = rounds(REPEATS, ROOMS)  # pages as a fresh allocator hands them out: runs coalesce
+        for rank in ranks.values():
+            for free in rank.free.values():
+                rng.shuffle(free)
+        run_rounds(ranks, rounds(1, WARM), rng)  # warms up the agents' paths
+        shuffled = run_rounds(ranks, rounds(REPEATS, ROOMS), rng)
+        ordered = run_rounds(ranks, in_order, rng)
+        schemas = {role: adopted_schema(rank) for role, rank in ranks.items()}
+        transport, planned = synthetic_gbps(ranks["prefill"], ranks["decode"], in_order[-1])
     finally:
         for rank in ranks.values():
             rank.close()
+        for agent in pair.agents.values():
+            agent.stop()
+    engine = synthetic_engine_gbps(schemas, transfer, tmp_path / "synthetic")
+    parts = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(shuffled.moved.items()))
+    print(f"\nsglang pdpair GPU {family}: rounds of {ROOMS} rooms x {TOKENS} tokens, "
+          f"{sum(shuffled.moved.values()) / 1e6:.1f} MB ({parts}); "
+          f"sglang shuffled pages {shuffled.gbps:.2f} GB/s ({shuffled.ms()} ms), "
+          f"sglang pages in order {ordered.gbps:.2f} GB/s ({ordered.ms()} ms); "
+          f"synthetic engine, same layout {engine:.2f} GB/s; "
+          f"transport alone, pages in order {transport:.2f} GB/s ({planned / 1e6:.1f} MB planned)")
+
+
+def fresh_allocators(rank: Rank) -> None:
+    """Every pool's free list in ascending order, as sglang's allocators start out."""
+    rank.free["kv"] = list(range(rank.family.kv_pages))
+    for comp in rank.states:
+        rank.free[comp.state_type] = list(range(comp.tensors[0].num_items))
+
+
+def run_rounds(ranks: dict[str, Rank], rounds: list[list[Room]], rng: np.random.Generator) -> Rounds:
+    """Each round: fill its sources, move it (timed), verify every byte of every room."""
+    out = Rounds()
+    for rooms in rounds:
+        for r in rooms:
+            fill_source(ranks["prefill"], r, rng)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = move(ranks["prefill"], ranks["decode"], rooms, timeout=120)
+        out.walls.append(time.perf_counter() - start)
+        assert result == {r.room: (4, "") for r in rooms}, result
+        out.moved = {}
+        for r in rooms:
+            for name, n in verify(ranks["prefill"], ranks["decode"], r).items():
+                out.moved[name] = out.moved.get(name, 0) + n
+    return out
+
+
+def adopted_schema(rank: Rank) -> Any:
+    """The schema the rank's agent adopted from its ``KVArgs``."""
+    from dataplane.sglang.layout import layout_from_kvargs
+
+    return layout_from_kvargs(rank.kv_args, model="m", tp_size=1, tp_rank=0,
+                              is_mla=rank.family.pool == "dsa").schema
+
+
+def synthetic_engine_gbps(schemas: dict[str, Any], transfer: TransferConfig, workdir: Path) -> float:
+    """The synthetic engine on the same two layouts, through a fresh pair of agents over the same
+    transport: ``WARM`` rooms, then ``REPEATS * ROOMS`` rooms of ``TOKENS`` tokens, ``ROOMS`` in flight;
+    decode's bytes over its window. Its allocators hand out pages in order; it neither fills nor
+    verifies (its content is written from the host, which would be in the window)."""
+    from dataplane.synthetic_engine.process import SyntheticEngineProcess
+
+    requests = WARM + REPEATS * ROOMS
+    cfg = AgentConfig(model=ModelConfig(profile=None), transfer=transfer,
+                      synthetic=SyntheticConfig(requests_per_second=0, warmup=WARM, verify=False))
+    workdir.mkdir()
+    pair = SidecarPair(cfg, workdir)
+    engines: dict[str, SyntheticEngineProcess] = {}
+    stop = {role: threading.Event() for role in ("prefill", "decode")}
+    threads = []
+    try:
+        for role in ("prefill", "decode"):
+            pair.start_agent(role)
+            sock = Path(pair.cfg[role].localapi.engine.socket_path)
+            wait_for(f"{role} socket", lambda s=sock: s.exists(), timeout=60)
+            engines[role] = SyntheticEngineProcess(pair.cfg[role], str(sock), schema=schemas[role],
+                                                   room_base=1 << 30)
+            engines[role].verify_rooms = False
+        for role, engine in engines.items():
+            threads.append(threading.Thread(target=engine.run, args=(stop[role],), daemon=True, kwargs={
+                "requests": requests, "tokens": (TOKENS,), "max_inflight": ROOMS}))
+            threads[-1].start()
+        for agent in pair.agents.values():
+            agent.wait_ready(120)
+        threads[1].join(120)
+        summary = engines["decode"].summary()
+        assert summary["counts"].get("succeeded") == requests, summary
+        return summary["bytes"] / summary["window_seconds"] / 1e9
+    finally:
+        for event in stop.values():
+            event.set()
+        for thread in threads:
+            thread.join(30)
+        for engine in engines.values():
+            engine.close()
         for agent in pair.agents.values():
             agent.stop()
 
@@ -148,13 +243,10 @@ def synthetic_gbps(prefill: Rank, decode: Rank, rooms: list[Room], reps: int = 5
     schemas the agents adopted; GB/s (median of ``reps``: every room written, until the last is done)
     and the bytes per run. Verifies every byte of the last run."""
     from dataplane.planner import PeerLayout, RequestIndices, plan_request
-    from dataplane.sglang.layout import layout_from_kvargs
     from dataplane.transports import MemoryRegion, TransferState, Writes
     from dataplane.transports.cuda_ipc import CudaIpcTransport
 
-    mla = prefill.family.pool == "dsa"
-    local, peer = (layout_from_kvargs(r.kv_args, model="m", tp_size=1, tp_rank=0, is_mla=mla).schema
-                   for r in (prefill, decode))
+    local, peer = adopted_schema(prefill), adopted_schema(decode)
     lsizes, rsizes = [r.size for r in local.regions()], [r.size for r in peer.regions()]
     loffs, roffs = _offsets(lsizes), _offsets([*rsizes, 0])
     src = torch.randint(0, 256, (_offsets([*lsizes, 0])[-1],), dtype=torch.uint8, device="cuda")
