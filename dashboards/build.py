@@ -82,9 +82,10 @@ def transfer_dashboard() -> dict[str, Any]:
                             'role=~"$role",component=~"$component",state_type=~"$state_type"',
                             "component, result"), "{{component}} {{result}}"),),
               "Bps", "Bytes checked against the synthetic content on decode: ok or mismatch."),
-        _rate_panel("Engine errors by kind", "pdpair_agent_engine_errors_total", 'role=~"$role"',
+        _rate_panel("Transfer errors by kind", "pdpair_agent_transfer_errors_total", 'role=~"$role"',
                     "role, kind", "{{role}}: {{kind}}", "short",
-                    "Errors raised by the transport (NIXL / MoRI-IO)."),
+                    "Errors moving rooms: the transport (NIXL / MoRI-IO / CUDA IPC), a peer gone, the agent "
+                    "itself."),
         _rate_panel("Role-worker CPU", "pdpair_agent_worker_cpu_seconds_total", 'role=~"$role"',
                     "role, instance", "{{role}} {{instance}}", "percentunit",
                     "Share of one core the agent's role-worker thread uses. One thread plans, posts and "

@@ -187,8 +187,11 @@ class AgentMetrics:
         self.handshakes = Counter(
             PREFIX + "handshakes", "Successful handshakes.", ("role", "peer"), registry=r
         )
-        self.engine_errors = Counter(
-            PREFIX + "engine_errors", "Transport errors, by kind.", ("role", "kind"), registry=r
+        self.transfer_errors = Counter(
+            PREFIX + "transfer_errors",
+            "Errors moving rooms (the transport, a peer gone, the agent itself), by kind.",
+            ("role", "kind"),
+            registry=r,
         )
         self.rejected = Counter(
             PREFIX + "rejected_messages",
@@ -247,8 +250,8 @@ class AgentMetrics:
     def peer_down(self, peer: str) -> None:
         self.peer_up.labels(self.role, peer).set(0)
 
-    def record_engine_error(self, kind: str) -> None:
-        self.engine_errors.labels(self.role, kind).inc()
+    def record_transfer_error(self, kind: str) -> None:
+        self.transfer_errors.labels(self.role, kind).inc()
 
     def record_rejected(self, kind: str) -> None:
         self.rejected.labels(self.role, kind).inc()

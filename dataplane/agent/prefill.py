@@ -493,7 +493,7 @@ class PrefillWorker(RoleWorker):
             self.post_together(waiting)
         except Exception:
             log.exception("prefill: error posting %d rooms together", len(waiting))
-            self.metrics.record_engine_error("internal")
+            self.metrics.record_transfer_error("internal")
             for w in waiting:
                 if self.rooms.get(w.room.key) is w.room:
                     self.fail(w.room.key, "internal error posting the room")
@@ -591,7 +591,7 @@ class PrefillWorker(RoleWorker):
         """Advance the staged pieces, fail the rooms whose pieces failed; returns pieces to poll."""
         assert self.staged is not None
         for address, room_id, exc in self.staged.step():
-            self.metrics.record_engine_error("peer_gone" if isinstance(exc, PeerGone) else "staged")
+            self.metrics.record_transfer_error("peer_gone" if isinstance(exc, PeerGone) else "staged")
             self.fail((address, room_id), f"staged transfer failed: {exc}")
         return self.staged.active
 
@@ -608,7 +608,7 @@ class PrefillWorker(RoleWorker):
 
     def transfer_failed(self, key: Any, error: TransferFailed | None) -> None:
         kind = "peer_gone" if isinstance(error, PeerGone) else "transfer"
-        self.metrics.record_engine_error(kind)
+        self.metrics.record_transfer_error(kind)
         self.fail(key, f"transfer failed: {error}")
 
     def send_status(self, address: str, room: int, state: KVPoll, reason: str) -> None:

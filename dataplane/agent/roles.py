@@ -266,7 +266,7 @@ class RoleWorker(abc.ABC):
         except Exception:
             # A bug handling one message must not take the agent down with every other room.
             log.exception("%s: error handling a control message", self.role)
-            self.metrics.record_engine_error("internal")
+            self.metrics.record_transfer_error("internal")
 
     def rejected_message(self, kind: str, warning: str) -> None:
         """A message dropped as unusable: counted by ``kind`` (``/status``, metrics); its warning is

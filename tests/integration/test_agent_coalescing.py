@@ -94,7 +94,7 @@ def test_a_bug_posting_rooms_together_fails_those_rooms_not_the_worker():
         assert st["completed"] == REQUESTS and 1 <= REQUESTS - st["succeeded"] <= 8, st  # one group
         assert st["verification_failures"] == 0
         assert prefill.worker.alive() and prefill.status.snapshot()["coalesced"]["requests"] > 0
-        errors = b'pdpair_agent_engine_errors_total{kind="internal",role="prefill"} 1.0'
+        errors = b'pdpair_agent_transfer_errors_total{kind="internal",role="prefill"} 1.0'
         assert errors in prefill.metrics.exposition()
     finally:
         decode.stop()

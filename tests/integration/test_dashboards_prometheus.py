@@ -141,7 +141,7 @@ def _inject_faults(prom: Prometheus, since: float, workdir: Path, prefill: Agent
         wait_for(f"refused handshake #{n:.0f}", seen, 30)
         refused.stop()
         time.sleep(3)
-    faults = ('pdpair_agent_requests_total{outcome!="success"}', "pdpair_agent_engine_errors_total")
+    faults = ('pdpair_agent_requests_total{outcome!="success"}', "pdpair_agent_transfer_errors_total")
     for _ in range(8):
         _kill_mid_transfer(prefill, decode)
         time.sleep(3)
@@ -251,7 +251,7 @@ def _verified(run: Run, series: list[Series]) -> None:
     assert all(max(values_of([s])) == 0 for s in series[0] if s["metric"]["result"] != "ok")
 
 
-def _engine_errors(run: Run, series: list[Series]) -> None:
+def _transfer_errors(run: Run, series: list[Series]) -> None:
     assert by_label(series[0], "role").get("prefill", 0) > 0
 
 
@@ -281,7 +281,7 @@ CHECKS: dict[str, Callable[[Run, list[Series]], None]] = {
     "Handshake refusals by reason": _refusals,
     "Peers up": _peers_up,
     "Received bytes verified": _verified,
-    "Engine errors by kind": _engine_errors,
+    "Transfer errors by kind": _transfer_errors,
     "Role-worker CPU": _worker_cpu,
     "Throughput by role and peer": _positive_per_peer,
     "Write rate by role and peer": _prefill_positive,

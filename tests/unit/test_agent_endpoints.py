@@ -34,8 +34,8 @@ def test_metric_names_and_bounded_labels():
 
 def test_two_agents_in_one_process_do_not_clash():
     a, b = AgentMetrics("prefill", "a"), AgentMetrics("decode", "b")
-    a.record_engine_error("transfer")
-    assert b'engine_errors_total{kind="transfer"' not in b.exposition()
+    a.record_transfer_error("transfer")
+    assert b'transfer_errors_total{kind="transfer"' not in b.exposition()
 
 
 def test_refusal_labels_are_categories():
