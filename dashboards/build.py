@@ -84,8 +84,8 @@ def transfer_dashboard() -> dict[str, Any]:
               "Bps", "Bytes checked against the synthetic content on decode: ok or mismatch."),
         _rate_panel("Transfer errors by kind", "pdpair_agent_transfer_errors_total", 'role=~"$role"',
                     "role, kind", "{{role}}: {{kind}}", "short",
-                    "Errors moving rooms: the transport (NIXL / MoRI-IO / CUDA IPC), a peer gone, the agent "
-                    "itself."),
+                    "Errors on the transfer path: the transport (NIXL / MoRI-IO / CUDA IPC), a peer "
+                    "gone, the agent itself."),
         _rate_panel("Role-worker CPU", "pdpair_agent_worker_cpu_seconds_total", 'role=~"$role"',
                     "role, instance", "{{role}} {{instance}}", "percentunit",
                     "Share of one core the agent's role-worker thread uses. One thread plans, posts and "

@@ -189,7 +189,7 @@ class AgentMetrics:
         )
         self.transfer_errors = Counter(
             PREFIX + "transfer_errors",
-            "Errors moving rooms (the transport, a peer gone, the agent itself), by kind.",
+            "Errors on the transfer path (the transport, a peer gone, the agent itself), by kind.",
             ("role", "kind"),
             registry=r,
         )
