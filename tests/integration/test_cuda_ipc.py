@@ -149,7 +149,8 @@ def test_strided_entries_land_where_the_plan_says_and_nowhere_else() -> None:
                 continue
             rows.append([lr, lo, rr, ends[rr], size, count, ls, rs])
             ends[rr] += (count - 1) * rs + size + int(rng.choice([0, 3, 64]))
-        cols = np.array(rows, dtype=np.int64).T
+        # each column contiguous, as ``Writes`` holds them (the strided kernel takes C arrays only)
+        cols = np.ascontiguousarray(np.array(rows, dtype=np.int64).T)
         regions = cols[0].astype(np.int32), cols[2].astype(np.int32)
         w = Writes(regions[0], cols[1], regions[1], cols[3], cols[4], cols[5:8].copy())
         transfer = transport.write(peer, w)
