@@ -42,6 +42,9 @@ _ONE = (1,)
 _A = TypeVar("_A", bound=np.ndarray[Any, Any])
 _Slots = tuple[int, int, npt.NDArray[np.int32], npt.NDArray[np.int32]]
 """Each side's aux slot, then each side's state slots (``CommonShape._slots``)."""
+_States = Sequence[Any]
+_Aux = tuple[int, int, _States, _States]
+"""Each side's aux slot and state indices, once checked (``CommonShape._one_aux_each``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,20 +185,12 @@ class CommonShape:
         """Each side's aux slot and state slots (a 1-D int32 array, one per component), for the
         kernel, when aux has one in-range integer index on each side and every component one index
         on each side; ``None`` otherwise. The kernel checks the state slots' range; a decoded
-        message's one-slot array (int32) passes as it is, anything else through ``_singles``."""
-        src, dst, src_state, dst_state = req.src_aux, req.dst_aux, req.src_state, req.dst_state
-        (src_limit, dst_limit), limits = self.aux_limits, self.state_limits
-        if (
-            type(src) is not int
-            or type(dst) is not int
-            or not (0 <= src < src_limit and 0 <= dst < dst_limit)
-            or src_state is None
-            or dst_state is None
-            or len(src_state) != len(limits)
-            or len(dst_state) != len(limits)
-        ):
+        message's one-slot array (int32) passes as it is, anything else through ``_picks``."""
+        one = self._one_aux_each(req)
+        if one is None:
             return None
-        if len(limits) == 1:
+        src, dst, src_state, dst_state = one
+        if len(src_state) == 1:
             one_s, one_d = src_state[0], dst_state[0]
             if (
                 type(one_s) is np.ndarray
@@ -206,27 +201,38 @@ class CommonShape:
                 and one_d.dtype == _I32
             ):
                 return src, dst, one_s, one_d
-        picks = self._singles(req)
+        picks = self._picks(*one)
         if picks is None:
             return None
-        c = len(limits)
+        c = len(src_state)
         return src, dst, np.array(picks[1 : c + 1], _I32), np.array(picks[c + 2 : 2 * c + 2], _I32)
 
     def _singles(self, req: RequestIndices) -> list[int] | None:
         """``[src per group..., dst per group..., 1]`` when aux and every component have exactly one
         in-range integer index on each side; ``None`` otherwise."""
+        one = self._one_aux_each(req)
+        return None if one is None else self._picks(*one)
+
+    def _one_aux_each(self, req: RequestIndices) -> _Aux | None:
+        """(src aux, dst aux, src state, dst state) when aux has one in-range integer index on each
+        side and each side names every component; ``None`` otherwise."""
         src, dst, src_state, dst_state = req.src_aux, req.dst_aux, req.src_state, req.dst_state
-        (src_limit, dst_limit), limits = self.aux_limits, self.state_limits
+        (src_limit, dst_limit), n = self.aux_limits, len(self.state_limits)
         if (
             type(src) is not int
             or type(dst) is not int
             or not (0 <= src < src_limit and 0 <= dst < dst_limit)
             or src_state is None
             or dst_state is None
-            or len(src_state) != len(limits)
-            or len(dst_state) != len(limits)
+            or len(src_state) != n
+            or len(dst_state) != n
         ):
             return None
+        return src, dst, src_state, dst_state
+
+    def _picks(self, src: int, dst: int, src_state: _States, dst_state: _States) -> list[int] | None:
+        """``_singles`` of what ``_one_aux_each`` passed: each component's one index per side, in range."""
+        limits = self.state_limits
         if len(limits) == 1:  # one component (Qwen3-Next's mamba): the loop below, unrolled
             one_s, one_d = src_state[0], dst_state[0]
             if (
