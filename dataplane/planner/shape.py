@@ -201,7 +201,7 @@ class CommonShape:
                 and one_d.dtype == _I32
             ):
                 return src, dst, one_s, one_d
-        picks = self._picks(*one)
+        picks = self._picks(src, dst, src_state, dst_state)
         if picks is None:
             return None
         c = len(src_state)
@@ -211,7 +211,10 @@ class CommonShape:
         """``[src per group..., dst per group..., 1]`` when aux and every component have exactly one
         in-range integer index on each side; ``None`` otherwise."""
         one = self._one_aux_each(req)
-        return None if one is None else self._picks(*one)
+        if one is None:
+            return None
+        src, dst, src_state, dst_state = one
+        return self._picks(src, dst, src_state, dst_state)
 
     def _one_aux_each(self, req: RequestIndices) -> _Aux | None:
         """(src aux, dst aux, src state, dst state) when aux has one in-range integer index on each
