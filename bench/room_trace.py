@@ -17,6 +17,10 @@ the raw engine's); docs/benchmarks.md.
 sidecar setup, one room in flight, interpreted): the agents' steps, and when each took the engine's
 request and pushed a room state to it (docs/sidecar.md). ``reactive``: the prefill engine sends when
 the agent tells it decode asked; ``presend``: it sent ahead.
+
+``--from DIR`` summarises, with the sidecar steps, the marks of agents some other run started with
+``PDPAIR_ROOM_TRACE=DIR`` (a serving engine's test, say: docs/sglang.md), of the prefill and decode
+agent that marked the most rooms.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ SIDECAR_STEPS = (
     ("prefill: WaitingForInput pushed to the engine", "P0", "Pf2"),
     ("prefill: WaitingForInput pushed up to the engine's send taken", "Pf2", "Pw0"),
     ("prefill: room started up to the transport's write", "P0", "Wa"),
+    ("prefill: the engine's send taken up to the transport's write", "Pw0", "Wa"),
     ("prefill: the transport's write", "Wa", "Wb"),
     ("prefill: write returns to finish", "Wb", "P2"),
     ("prefill: finish up to the status's send", "P2", "Ps"),
@@ -67,6 +72,7 @@ SIDECAR_STEPS = (
     ("prefill: Success pushed to the engine", "P3", "Pf4"),
     ("decode agent: expect taken to Success pushed", "Dw0", "Df4"),
     ("decode agent: Success pushed up to the next expect taken", "Df4", "+Dw0"),
+    ("prefill agent: an engine's send taken up to the next one taken", "Pw0", "+Pw0"),
 )
 """A step ``a`` → ``+b`` runs from this room's ``a`` to the next room's ``b`` (rooms are in order)."""
 
@@ -104,10 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sidecar", choices=("reactive", "presend"), help="through the local API (four processes)"
     )
+    p.add_argument("--from", dest="folder", metavar="DIR", type=Path,
+                   help="summarise the traces another run left in DIR (sidecar steps) instead of running")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     if args.requests < 20:
         p.error("--requests must be at least 20")
+    if args.folder is not None:
+        if not args.folder.is_dir():
+            p.error(f"--from {args.folder}: no such folder")
+        traces = load(args.folder, ("prefill-agent", "decode-agent"))
+        if traces is None:
+            return 1
+        result = {"case": str(args.folder), "steps": summarise(traces, SIDECAR_STEPS)}
+        return show(result, f"{args.folder}: marks of {len(traces[0])} rooms", args.json)
     with tempfile.TemporaryDirectory() as out:
         env = {
             **os.environ, ENV: out,

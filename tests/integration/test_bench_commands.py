@@ -93,6 +93,8 @@ def test_room_trace_times_every_step_of_one_room() -> None:
     assert whole >= steps["prefill: the transport's write"]["p50_us"] > 0 and out["agent_p50_us"] > 0
     bad = subprocess.run([*script, "--requests", "5"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--requests must be at least 20" in bad.stderr
+    bad = subprocess.run([*script, "--from", "/no/such/dir"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--from /no/such/dir: no such folder" in bad.stderr
 
 
 def test_agent_rate_measures_rooms_and_worker_cpu_per_window() -> None:
