@@ -184,3 +184,21 @@ class IndexAllocator:
             raise BadInput(f"{self.name}: returned index out of 0..{self.capacity - 1}")
         back.sort(reverse=True)
         self._free.extend(back)
+
+
+def give_items(
+    kv_pages: IndexAllocator,
+    aux_slots: IndexAllocator,
+    state_items: Sequence[IndexAllocator],
+    kv: np.ndarray | None,
+    aux: int | None,
+    state: Sequence[Any],
+) -> None:
+    """Give one room's items back: its KV pages, aux slot and each component's items (None: none)."""
+    if kv is not None:
+        kv_pages.give(kv)
+    if aux is not None:
+        aux_slots.give([aux])
+    for alloc, idx in zip(state_items, state, strict=False):
+        if idx is not None:
+            alloc.give(idx)

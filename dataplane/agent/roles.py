@@ -46,7 +46,7 @@ from .health import AgentStatus
 from .lanes import Lanes
 from .metrics import AgentMetrics, reason_label
 from .peerauth import Pairing, PeerAuth
-from .pools import IndexAllocator, MemoryPools
+from .pools import IndexAllocator, MemoryPools, give_items
 from .stats import StatsBook
 from .synthetic import SyntheticEngine
 
@@ -345,13 +345,7 @@ class RoleWorker(abc.ABC):
             self.give_back(*items)
 
     def give_back(self, kv: np.ndarray | None, aux: int | None, state: list[Any]) -> None:
-        if kv is not None:
-            self.kv_pages.give(kv)
-        if aux is not None:
-            self.aux_slots.give([aux])
-        for alloc, idx in zip(self.state_items, state, strict=False):
-            if idx is not None:
-                alloc.give(idx)
+        give_items(self.kv_pages, self.aux_slots, self.state_items, kv, aux, state)
 
     # ---- accounting -------------------------------------------------------------------------
     def component_name(self, comp: int) -> tuple[str, str]:

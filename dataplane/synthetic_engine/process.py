@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..agent.pools import IndexAllocator, MemoryPools
+from ..agent.pools import IndexAllocator, MemoryPools, give_items
 from ..agent.synthetic import SyntheticEngine, items_for_tokens
 from ..codec import KVPoll, encode_manifest, manifest_from_schema
 from ..config import AgentConfig
@@ -124,13 +124,7 @@ class SyntheticEngineProcess:
         return items
 
     def give(self, items: Items) -> None:
-        kv, aux, state = items
-        self.kv.give(kv)
-        if aux is not None:
-            self.aux.give([aux])
-        for alloc, idx in zip(self.state, state, strict=False):
-            if idx is not None:
-                alloc.give(idx)
+        give_items(self.kv, self.aux, self.state, *items)
 
     # ---- loop ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event, *, requests: int, tokens: tuple[int, ...], max_inflight: int,
