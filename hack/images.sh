@@ -107,6 +107,18 @@ build() {
   [ $# -gt 0 ] || die "name a target: hack/images.sh build ${TARGETS[*]}"
   local t
   for t in "$@"; do is_target "$t" || die "unknown target '$t': one of ${TARGETS[*]} (others build on CI: docs/images.md)"; done
+  # Storage is bounded: past PDPAIR_IMAGES_MAX_GB (default 16; a new commit adds ~1.5 GB of layers) every
+  # image but the base goes before this build, which then reinstalls the dependencies (bounding after it
+  # would remove the images it just built). Not pruned per build: a
+  # stage used only through COPY --from (build-agent) is no tagged image's parent, so a prune would drop
+  # the layers that make the next build warm.
+  local used
+  used=$(du -sk "$CACHE/storage" 2>/dev/null | cut -f1)
+  if [ "${used:-0}" -gt $(( ${PDPAIR_IMAGES_MAX_GB:-16} * 1024 * 1024 )) ]; then
+    echo "images: storage at $(( used / 1024 / 1024 )) GB: removing every image but the base" >&2
+    bh images --all --format '{{.ID}} {{.Name}}' | awk '$2 != "localhost/pdpair-base" {print $1}' | sort -u \
+      | xargs -r -n 64 buildah --root "$CACHE/storage" --runroot "$RUNROOT" rmi --force >/dev/null 2>&1 || true
+  fi
   local base
   base=$(base_image)
   secrets=$(mktemp -d "$CACHE/tmp/secrets.XXXXXX")
@@ -129,17 +141,6 @@ build() {
       echo "images: buildah could not seal its memfd copy (EBUSY); building $t again" >&2
     done
   done
-  # Storage is bounded: past PDPAIR_IMAGES_MAX_GB (default 16; a new commit adds ~1.5 GB of layers) every
-  # image but the base goes, and the next build reinstalls the dependencies. Not pruned per build: a
-  # stage used only through COPY --from (build-agent) is no tagged image's parent, so a prune would drop
-  # the layers that make the next build warm.
-  local used
-  used=$(du -sk "$CACHE/storage" 2>/dev/null | cut -f1)
-  if [ "${used:-0}" -gt $(( ${PDPAIR_IMAGES_MAX_GB:-16} * 1024 * 1024 )) ]; then
-    echo "images: storage at $(( used / 1024 / 1024 )) GB: removing every image but the base" >&2
-    bh images --all --format '{{.ID}} {{.Name}}' | awk '$2 != "localhost/pdpair-base" {print $1}' | sort -u \
-      | xargs -r -n 64 buildah --root "$CACHE/storage" --runroot "$RUNROOT" rmi --force >/dev/null 2>&1 || true
-  fi
 }
 
 run() {
